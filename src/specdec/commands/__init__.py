@@ -1,0 +1,41 @@
+"""Subcommands of the `specdec` CLI and the flags they share."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_model_flags(parser: argparse.ArgumentParser, draft_default: str = "lookup") -> None:
+    parser.add_argument("--target", default="default",
+                        help="target model: `default` (embedded SmolLM2-135M), a hub id, a directory or a .gguf")
+    parser.add_argument("--draft", default=draft_default,
+                        help="draft: `lookup`, `none`, or a model of the same tokenizer (default: %(default)s)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu)")
+
+
+def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-k", "--num-draft-tokens", type=positive_int, default=4, dest="k",
+                        help="K, draft tokens per round (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * max prob (0: off)")
+    parser.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+
+
+def sampling_params(args: argparse.Namespace):
+    from specdec.sampling import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          min_p=args.min_p, seed=args.seed)

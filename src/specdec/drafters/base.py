@@ -1,0 +1,48 @@
+"""What every drafter offers the engine: propose up to K tokens, then forget what was rejected."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from specdec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed tokens and the distribution each was drawn from.
+
+    tokens: [k] long, on the target's device (k may be smaller than asked, even 0).
+    q: [k, V] fp32 probabilities the draft actually sampled from, or None when every token was
+       chosen deterministically (argmax, lookup): then q is one-hot on the token (rule 1).
+    """
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class Drafter(ABC):
+    """Proposes tokens for the engine. One instance drafts for one sequence at a time."""
+
+    name: str = "drafter"
+
+    def begin(self, prompt: list[int]) -> None:
+        """A new sequence starts with these prompt tokens."""
+
+    @abstractmethod
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator
+    ) -> Draft:
+        """Propose up to k tokens to follow context (the whole text so far, prompt included)."""
+
+    def commit(self, num_valid: int) -> None:
+        """After a round: the first num_valid tokens of the text are final; forget the rest."""
+
+
+def empty_draft(device: torch.device) -> Draft:
+    return Draft(torch.empty(0, dtype=torch.long, device=device))

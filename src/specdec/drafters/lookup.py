@@ -1,0 +1,43 @@
+"""Prompt lookup: copy what followed the last time the text's tail appeared (Saxena 2023)."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.drafters.base import Draft, Drafter
+from specdec.sampling import SamplingParams
+
+
+def lookup_draft(seq: list[int], k: int, max_ngram: int = 3) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the last n tokens.
+
+    n goes from max_ngram down to 1; the first n with a match wins. [] when nothing matches.
+
+    >>> lookup_draft([5, 6, 7, 8, 9, 5, 6, 7], k=3)   # tail [5, 6, 7] appeared at 0, then 8 9 5
+    [8, 9, 5]
+    >>> lookup_draft([1, 2, 3, 4], k=2)
+    []
+    """
+    if k < 1:
+        return []
+    length = len(seq)
+    for n in range(min(max_ngram, length - 1), 0, -1):
+        tail = seq[length - n:]
+        for start in range(length - n - 1, -1, -1):  # most recent first, and it must not be the tail itself
+            if seq[start:start + n] == tail:
+                return seq[start + n:start + n + k]
+    return []
+
+
+class LookupDrafter(Drafter):
+    """Drafts by prompt lookup. Its choice is deterministic, so q is one-hot (None)."""
+
+    name = "lookup"
+
+    def __init__(self, device: torch.device, max_ngram: int = 3):
+        self.device = device
+        self.max_ngram = max_ngram
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
+        found = lookup_draft(context, k, self.max_ngram)
+        return Draft(torch.tensor(found, dtype=torch.long, device=self.device))

@@ -1,0 +1,264 @@
+"""The round loop: draft K tokens, verify them in one target pass, keep a prefix, emit one more.
+
+Invariant between rounds: the target's cache holds the emitted text minus its last token (the
+"pending" token, which the next round feeds first), and the drafter's cache holds a prefix of it.
+Rejected tokens are forgotten by rolling both caches back, so p is always computed on the true
+prefix (rule 2 of the design).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Iterator
+
+import torch
+
+from specdec.drafters.base import Drafter
+from specdec.errors import InvalidRequestError
+from specdec.models.base import CausalLM
+from specdec.sampling import SamplingParams, warp_logits
+from specdec.verify import Verdict, verify_greedy, verify_sampled
+
+
+class Origin(str, Enum):
+    """Where an emitted token came from."""
+
+    ACCEPTED = "accepted"  # a draft token the rule kept
+    RECOVERED = "recovered"  # drawn from the residual at the first rejection (greedy: target argmax)
+    BONUS = "bonus"  # drawn from p after every draft of the round was kept (plain decoding: every token)
+
+
+@dataclass(frozen=True)
+class EmittedToken:
+    token_id: int
+    origin: Origin
+    round_index: int
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """One request: how many tokens, how many drafts per round, how to sample, when to stop."""
+
+    max_new_tokens: int = 128
+    k: int = 4
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise InvalidRequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.k < 1:
+            raise InvalidRequestError(f"K (draft tokens per round) must be >= 1, got {self.k}")
+
+
+@dataclass
+class SpecStats:
+    """Honest counts and times of one generation. Times are seconds of wall clock."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    generated: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+    prefill_time: float = 0.0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    other_time: float = 0.0
+
+    @property
+    def decode_time(self) -> float:
+        return self.draft_time + self.verify_time + self.other_time
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha: share of drafted tokens that were kept."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """tau: mean tokens emitted per round (kept drafts plus the recovered or bonus token)."""
+        return self.generated / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens over decode time (prefill excluded; it is the same with or without a draft)."""
+        return self.generated / self.decode_time if self.decode_time > 0 else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def record_round(self, verdict: Verdict, emitted: int) -> None:
+        self.rounds += 1
+        self.drafted += verdict.num_drafted
+        self.accepted += min(verdict.num_accepted, emitted)
+        self.generated += emitted
+        grow = verdict.num_drafted - len(self.drafted_per_position)
+        if grow > 0:
+            self.drafted_per_position += [0] * grow
+            self.accepted_per_position += [0] * grow
+        for i in range(verdict.num_drafted):
+            self.drafted_per_position[i] += 1
+            self.accepted_per_position[i] += int(i < verdict.num_accepted)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_round=self.tokens_per_round,
+            tokens_per_second=self.tokens_per_second,
+            acceptance_by_position=self.acceptance_by_position,
+            decode_time=self.decode_time,
+        )
+        return out
+
+
+class Generation:
+    """A running generation: iterate it for EmittedTokens; stats and tokens fill in as it goes.
+
+    Stopping the iteration early (break, close()) stops generation at the next round.
+    """
+
+    def __init__(self, tokens: Iterator[EmittedToken], stats: SpecStats):
+        self._tokens = tokens
+        self.stats = stats
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+
+    def __iter__(self) -> Iterator[EmittedToken]:
+        for emitted in self._tokens:
+            self.token_ids.append(emitted.token_id)
+            yield emitted
+
+    def close(self) -> None:
+        self._tokens.close()
+
+    def run(self) -> "Generation":
+        """Drain the iterator; returns self."""
+        for _ in self:
+            pass
+        return self
+
+
+class Engine:
+    """Speculative decoding of one sequence at a time with a target and any drafter."""
+
+    def __init__(self, target: CausalLM, drafter: Drafter, eos_token_ids=(), decode=None):
+        """eos_token_ids: ids that end generation. decode: list[int] -> str, needed for stop strings."""
+        self.target = target
+        self.drafter = drafter
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.decode = decode
+
+    def generate(self, prompt: list[int], config: GenerationConfig) -> Generation:
+        """Run to the end and return the finished Generation."""
+        return self.stream(prompt, config).run()
+
+    def stream(self, prompt: list[int], config: GenerationConfig) -> Generation:
+        self._check_request(prompt, config)
+        stats = SpecStats()
+        generation = Generation(iter(()), stats)
+        generation._tokens = self._rounds(list(prompt), config, stats, generation)
+        return generation
+
+    def _check_request(self, prompt: list[int], config: GenerationConfig) -> None:
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty: give at least one token of text")
+        if config.stop and self.decode is None:
+            raise InvalidRequestError("stop strings need a decode function (pass the tokenizer's decode)")
+        limit = self.target.max_length
+        if len(prompt) + config.max_new_tokens > limit:
+            raise InvalidRequestError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
+                f"target's context of {limit} tokens; shorten the prompt or lower max_new_tokens"
+            )
+
+    def _rounds(
+        self, context: list[int], config: GenerationConfig, stats: SpecStats, generation: Generation
+    ) -> Iterator[EmittedToken]:
+        params = config.sampling
+        generator = params.make_generator(self.target.device)
+        clock = _Clock(self.target.device)
+        self.target.reset()
+        if len(context) > 1:
+            self.target.forward(self._tensor(context[:-1]))
+        self.drafter.begin(context)
+        stats.prefill_time = clock.lap()
+        prompt_len = len(context)
+        text_checked = 0
+        while True:
+            remaining = config.max_new_tokens - (len(context) - prompt_len)
+            k = max(0, min(config.k, remaining - 1))  # a round emits up to k + 1 tokens
+            draft = self.drafter.propose(context, k, params, generator) if k else None
+            stats.draft_time += clock.lap()
+            draft_tokens = draft.tokens if draft is not None else self._tensor([])
+            verdict = self._verify(context[-1], draft_tokens, draft.q if draft is not None else None,
+                                   params, generator)
+            kept = len(context) + verdict.num_accepted  # tokens that both caches may keep
+            self.target.rollback(kept)
+            self.drafter.commit(kept)
+            stats.verify_time += clock.lap()
+            new = draft_tokens[: verdict.num_accepted].tolist() + [verdict.next_token]
+            origins = [Origin.ACCEPTED] * verdict.num_accepted + [
+                Origin.BONUS if verdict.all_accepted else Origin.RECOVERED
+            ]
+            emitted = 0
+            for token, origin in zip(new, origins):
+                context.append(token)
+                emitted += 1
+                reason = self._finish_reason(context, prompt_len, config, text_checked)
+                if reason:
+                    break
+            stats.record_round(verdict, emitted)
+            stats.other_time += clock.lap()
+            for token, origin in zip(new[:emitted], origins):
+                yield EmittedToken(token, origin, stats.rounds - 1)
+            if reason:
+                generation.finish_reason = reason
+                return
+            text_checked = len(context) - prompt_len
+            clock.lap()  # time spent by the consumer between rounds is not ours
+
+    def _verify(self, pending: int, draft_tokens, q, params: SamplingParams, generator) -> Verdict:
+        """One target pass over [pending, drafts...] and the rejection rule."""
+        logits = self.target.forward(torch.cat([self._tensor([pending]), draft_tokens]))  # [k+1, V]
+        if params.greedy:
+            return verify_greedy(logits.argmax(-1), draft_tokens)
+        return verify_sampled(warp_logits(logits, params), draft_tokens, q, generator)
+
+    def _finish_reason(self, context: list[int], prompt_len: int, config: GenerationConfig,
+                       text_checked: int) -> str | None:
+        if not config.ignore_eos and context[-1] in self.eos_token_ids:
+            return "stop"
+        if config.stop and self._hit_stop_string(context[prompt_len:], config.stop, text_checked):
+            return "stop"
+        if len(context) - prompt_len >= config.max_new_tokens:
+            return "length"
+        return None
+
+    def _hit_stop_string(self, generated: list[int], stop: tuple[str, ...], text_checked: int) -> bool:
+        # Only text that the newest tokens could complete needs checking; decode a few tokens back.
+        window = self.decode(generated[max(0, text_checked - 8):])
+        return any(s in window for s in stop)
+
+    def _tensor(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.long, device=self.target.device)
+
+
+class _Clock:
+    """Lap timer; on CUDA it waits for queued work so that each lap is charged to the right phase."""
+
+    def __init__(self, device: torch.device):
+        self._cuda = device.type == "cuda"
+        self._last = time.perf_counter()
+
+    def lap(self) -> float:
+        if self._cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        elapsed, self._last = now - self._last, now
+        return elapsed

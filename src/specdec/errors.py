@@ -1,0 +1,17 @@
+"""Errors that mean the user asked for something we cannot do; surfaces print them without a traceback."""
+
+
+class SpecdecError(Exception):
+    """Base class: the message says what was wrong and what to do."""
+
+
+class ModelLoadError(SpecdecError):
+    """A model name or path could not be resolved or read."""
+
+
+class VocabularyMismatchError(SpecdecError):
+    """The draft does not share the target's tokenizer."""
+
+
+class InvalidRequestError(SpecdecError, ValueError):
+    """A generation request with values out of range (empty prompt, K < 1, ...)."""

@@ -1,0 +1,1 @@
+"""Model backends: load weights, run forward with a KV cache, roll back."""

@@ -1,0 +1,46 @@
+"""The one interface every model backend offers the engine and the drafters.
+
+A model owns a KV cache for a single sequence (batch 1). `forward` runs new tokens on top of the
+cache and appends them; `rollback(n)` cuts the cache back to its first n tokens, so that after a
+round the cache holds exactly the true text (rule 2 of the design).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class CausalLM(ABC):
+    """A causal LM with a KV cache. Token tensors are 1-D long tensors on `self.device`."""
+
+    name: str
+    vocab_size: int  # size of the logits' last dimension
+    max_length: int  # longest sequence (prompt + generated) the model accepts
+    device: torch.device
+
+    @abstractmethod
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run tokens [n] on top of the cache, append them to it, return logits [n, V] (fp32)."""
+
+    @abstractmethod
+    def forward_with_hidden(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like forward, also returning the last layer's features [n, D] (input of the LM head)."""
+
+    @property
+    @abstractmethod
+    def cache_len(self) -> int:
+        """Number of tokens the cache holds."""
+
+    @abstractmethod
+    def rollback(self, length: int) -> None:
+        """Forget every cached token after the first `length`."""
+
+    def reset(self) -> None:
+        self.rollback(0)
+
+    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Start a new sequence: empty the cache, run tokens [n], return logits [n, V]."""
+        self.reset()
+        return self.forward(tokens)

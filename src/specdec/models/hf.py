@@ -1,0 +1,52 @@
+"""Generic backend: any Hugging Face causal LM, with a DynamicCache cropped on rollback."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specdec.models.base import CausalLM
+
+
+class HFCausalLM(CausalLM):
+    def __init__(self, model: PreTrainedModel, name: str):
+        self.model = model.eval()
+        self.name = name
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_length = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.device = next(model.parameters()).device
+        # transformers renamed `past_key_values` to `cache` in 5.x; accept both.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache = DynamicCache()
+
+    @property
+    def cache_len(self) -> int:
+        return self._cache.get_seq_length()
+
+    def rollback(self, length: int) -> None:
+        extra = self.cache_len - length
+        if extra < 0:
+            raise ValueError(f"cannot roll back to {length}: the cache holds only {self.cache_len}")
+        if length == 0:
+            self._cache = DynamicCache()
+        elif extra > 0:
+            self._cache.crop(-extra)  # negative: remove that many (the form every version accepts)
+
+    @torch.inference_mode()
+    def _run(self, tokens: torch.Tensor, hidden: bool):
+        return self.model(
+            input_ids=tokens[None],
+            use_cache=True,
+            output_hidden_states=hidden,
+            **{self._cache_kwarg: self._cache},
+        )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self._run(tokens, hidden=False).logits[0].float()
+
+    def forward_with_hidden(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self._run(tokens, hidden=True)
+        return out.logits[0].float(), out.hidden_states[-1][0]

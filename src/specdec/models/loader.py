@@ -1,0 +1,81 @@
+"""Resolve a model name to weights and a tokenizer, and wrap it in a backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from specdec.errors import ModelLoadError, VocabularyMismatchError
+from specdec.models import default as default_model
+from specdec.models.base import CausalLM
+from specdec.models.hf import HFCausalLM
+
+DEFAULT = "default"
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype:
+        try:
+            return {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+                    "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}[dtype]
+        except KeyError:
+            raise ModelLoadError(f"unknown dtype {dtype!r}; use fp32, bf16 or fp16") from None
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def resolve(name: str) -> tuple[str, dict]:
+    """Map a user's model name to (from_pretrained location, extra kwargs)."""
+    if name == DEFAULT:
+        return str(default_model.prepared_dir()), {}
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {name}")
+        return str(path.parent), {"gguf_file": path.name}
+    if path.exists() and not path.is_dir():
+        raise ModelLoadError(f"{name} is a file but not a .gguf; give a model directory, a .gguf file or a hub id")
+    return name, {}
+
+
+def load_model(name: str, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    """Load a target or draft: `default`, a hub id (from the local cache), a directory or a .gguf file."""
+    dev = pick_device(device)
+    location, extra = resolve(name)
+    hf_logging.disable_progress_bar()  # a bar per load would bury the command's own output
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, **extra)
+        hf = AutoModelForCausalLM.from_pretrained(location, dtype=pick_dtype(dtype, dev), **extra)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(
+            f"could not load model {name!r}: {str(exc).splitlines()[0]}. Give `default`, a local "
+            "model directory, a .gguf file, or a hub id that is already in the local cache."
+        ) from None
+    display = default_model.DISPLAY_NAME if name == DEFAULT else name
+    return LoadedModel(HFCausalLM(hf.to(dev), display), tokenizer, display)
+
+
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a draft whose tokenizer maps text to different ids than the target's."""
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise VocabularyMismatchError(
+            f"the draft {draft.name!r} does not share the target {target.name!r}'s vocabulary "
+            f"({len(draft.tokenizer)} vs {len(target.tokenizer)} tokens, or different ids); "
+            "pick a draft from the same model family, or use --draft lookup"
+        )

@@ -1,0 +1,82 @@
+"""Load a target and a drafter by name and wire them into an engine: what every surface needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.drafters import Drafter, make_drafter
+from specdec.engine import Engine
+from specdec.errors import InvalidRequestError
+from specdec.models.loader import LoadedModel, load_model
+
+
+@dataclass
+class Runtime:
+    target: LoadedModel
+    drafter: Drafter
+    engine: Engine
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def encode(self, prompt: str, chat: bool = True) -> list[int]:
+        """Prompt text to ids; `chat` wraps it as one user message in the model's chat template."""
+        return encode_prompt(self.tokenizer, prompt, chat)
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        if not messages:
+            raise InvalidRequestError("messages is empty: give at least one message")
+        return _template_ids(self.tokenizer, messages)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def with_drafter(self, drafter: Drafter) -> "Runtime":
+        """The same target behind another drafter (e.g. `none`, for the plain-decoding baseline)."""
+        return Runtime(self.target, drafter, engine_for(self.target, drafter))
+
+
+def eos_ids(loaded: LoadedModel) -> set[int]:
+    ids = set()
+    for source in (loaded.tokenizer.eos_token_id,
+                   getattr(getattr(loaded.model, "model", None), "generation_config", None)):
+        value = getattr(source, "eos_token_id", source)
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def engine_for(target: LoadedModel, drafter: Drafter) -> Engine:
+    decode = lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    return Engine(target.model, drafter, eos_token_ids=eos_ids(target), decode=decode)
+
+
+def build_runtime(target: str = "default", draft: str = "lookup", device: str | None = None,
+                  dtype: str | None = None, draft_dtype: str | None = None) -> Runtime:
+    loaded = load_model(target, device=device, dtype=dtype)
+    drafter = make_drafter(draft, loaded, dtype=draft_dtype or dtype)
+    return Runtime(loaded, drafter, engine_for(loaded, drafter))
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+    if not prompt or not prompt.strip():
+        raise InvalidRequestError("the prompt is empty: give some text to continue")
+    if chat and getattr(tokenizer, "chat_template", None):
+        return _template_ids(tokenizer, [{"role": "user", "content": prompt}])
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+
+def _template_ids(tokenizer, messages: list[dict]) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(out, "keys"):  # newer transformers return a BatchEncoding
+        out = out["input_ids"]
+    return list(out)
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """The text up to the first stop string (which is not included), as OpenAI's `stop` behaves."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
+    return text[:cut]

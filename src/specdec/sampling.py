@@ -1,0 +1,82 @@
+"""Turn logits into the probability vectors that the rejection rule compares.
+
+The same warping (temperature, then top-k, top-p and min-p) is applied to the target's logits to
+get p and to the draft's logits to get q (rule 3 of the design). Temperature 0 means greedy: the
+distribution is one-hot on the argmax, so the general rule reduces to "keep while they agree".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen. temperature 0 is greedy; top_k 0 and top_p 1 and min_p 0 are off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (0.0 <= self.min_p < 1.0):
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        """A generator seeded from `seed` (or from fresh entropy when seed is None)."""
+        gen = torch.Generator(device=device)
+        if self.seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(self.seed)
+        return gen
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities after temperature, top-k, top-p and min-p, in fp32.
+
+    logits: [..., V]. Returns [..., V] rows that sum to 1. Greedy gives one-hot rows on the argmax.
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        probs = _top_p_filter(probs, params.top_p)
+    if params.min_p > 0.0:
+        floor = params.min_p * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < floor, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p. probs: [..., V]."""
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token id per row. probs: [..., V] -> [...] (long)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    drawn = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    return drawn.reshape(probs.shape[:-1])

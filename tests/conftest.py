@@ -1,0 +1,30 @@
+"""Tiny random Llama models for tests: a target/draft pair sharing a small vocabulary."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec.models.hf import HFCausalLM
+
+VOCAB = 64
+
+
+def tiny_llama(seed: int, layers: int = 2, hidden: int = 32, vocab: int = VOCAB, scale: float = 1.0) -> HFCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # sharper logits than the default init, so that tokens differ in probability
+        model.lm_head.weight.mul_(scale)
+    return HFCausalLM(model.float(), f"tiny-llama-{seed}")
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> HFCausalLM:
+    return tiny_llama(0, layers=2, scale=8.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft() -> HFCausalLM:
+    return tiny_llama(1, layers=1, scale=8.0)

@@ -1,0 +1,44 @@
+import pytest
+import torch
+
+from specdec import SamplingParams, sample, warp_logits
+
+
+def test_greedy_is_one_hot_argmax():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.0]])
+    assert torch.equal(warp_logits(logits, SamplingParams()), torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+
+
+def test_temperature_one_is_softmax():
+    logits = torch.randn(2, 7)
+    assert torch.allclose(warp_logits(logits, SamplingParams(temperature=1.0)), torch.softmax(logits, -1))
+
+
+def test_top_k_keeps_k_tokens():
+    probs = warp_logits(torch.arange(10.0), SamplingParams(temperature=1.0, top_k=3))
+    assert (probs > 0).sum() == 3 and probs[-3:].sum() == pytest.approx(1.0)
+
+
+def test_top_p_keeps_smallest_set_reaching_mass():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    probs = warp_logits(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    assert torch.allclose(probs, torch.tensor([0.5, 0.3, 0.0, 0.0]) / 0.8)
+
+
+def test_min_p_drops_tokens_far_below_the_top():
+    logits = torch.log(torch.tensor([0.6, 0.3, 0.07, 0.03]))
+    probs = warp_logits(logits, SamplingParams(temperature=1.0, min_p=0.1))
+    assert probs[3] == 0 and probs[2] > 0
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_k=-1), dict(top_p=0.0), dict(min_p=1.0)])
+def test_bad_params_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
+
+
+def test_seeded_generator_reproduces():
+    probs = torch.softmax(torch.randn(50), 0)
+    a = [sample(probs, SamplingParams(seed=5).make_generator()).item() for _ in range(3)]
+    b = [sample(probs, SamplingParams(seed=5).make_generator()).item() for _ in range(3)]
+    assert a == b
