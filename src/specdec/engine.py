@@ -198,9 +198,7 @@ class Engine:
             draft_tokens = draft.tokens if draft is not None else self._tensor([])
             verdict = self._verify(context[-1], draft_tokens, draft.q if draft is not None else None,
                                    params, generator)
-            kept = len(context) + verdict.num_accepted  # tokens that both caches may keep
-            self.target.rollback(kept)
-            self.drafter.commit(kept)
+            self._rollback(len(context) + verdict.num_accepted)
             stats.verify_time += clock.lap()
             new = draft_tokens[: verdict.num_accepted].tolist() + [verdict.next_token]
             origins = [Origin.ACCEPTED] * verdict.num_accepted + [
@@ -229,6 +227,11 @@ class Engine:
         if params.greedy:
             return verify_greedy(logits.argmax(-1), draft_tokens)
         return verify_sampled(warp_logits(logits, params), draft_tokens, q, generator)
+
+    def _rollback(self, kept: int) -> None:
+        """Forget rejected tokens: both caches keep the first `kept` tokens (the text minus its newest token)."""
+        self.target.rollback(kept)
+        self.drafter.commit(kept)
 
     def _finish_reason(self, context: list[int], prompt_len: int, config: GenerationConfig,
                        text_checked: int) -> str | None:

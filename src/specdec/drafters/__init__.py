@@ -12,7 +12,8 @@ from specdec.drafters.lookup import LookupDrafter, lookup_draft
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.none import NoDrafter
 from specdec.errors import ModelLoadError
-from specdec.models.loader import LoadedModel, check_same_vocabulary, load_model
+from specdec.models import loader
+from specdec.models.loader import LoadedModel, load_model
 
 # name -> factory(target, dtype) ; "prefix:" -> factory(target, argument, dtype)
 NAMED: dict[str, Callable[..., Drafter]] = {
@@ -29,7 +30,7 @@ def model_drafter(name: str, target: LoadedModel, dtype: str | None = None) -> D
     except ModelLoadError as exc:
         known = ", ".join(sorted(NAMED) + [p + ":..." for p in sorted(PREFIXED)])
         raise ModelLoadError(f"unknown draft {name!r}: it is none of {known}, and {exc}") from None
-    check_same_vocabulary(target, draft)
+    loader.check_same_vocabulary(target, draft)  # through the module, so that tests can patch it
     return ModelDrafter(draft.model, target.model.vocab_size, name=draft.name)
 
 

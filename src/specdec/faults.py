@@ -1,0 +1,53 @@
+"""The classic bugs of speculative decoding, injectable for tests and `bench exactness` only.
+
+Each fault is a context manager that patches one function, so that the test suite (and the
+exactness benchmark) can prove its checks would catch the bug. No user-facing option turns them on.
+
+- resample-from-p: on rejection, draw the replacement from p instead of the residual max(0, p - q).
+- skip-rollback:   never cut the caches back after a round, so rejected tokens stay in them.
+- softmax-as-q:    draft greedily (argmax) but hand the softmax over as q, as if it had been sampled.
+- skip-vocab-check: accept a draft whose tokenizer differs from the target's.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+from unittest import mock
+
+
+def _resample_from_p():
+    return mock.patch("specdec.verify.residual", lambda p, q: p)
+
+
+def _skip_rollback():
+    return mock.patch("specdec.engine.Engine._rollback", lambda self, kept: None)
+
+
+def _softmax_as_q():
+    # The draft still records the warped softmax as q, but picks its argmax.
+    return mock.patch("specdec.drafters.model.sample", lambda probs, generator=None: probs.argmax(-1))
+
+
+def _skip_vocab_check():
+    return mock.patch("specdec.models.loader.check_same_vocabulary", lambda target, draft: None)
+
+
+FAULTS = {
+    "resample-from-p": _resample_from_p,
+    "skip-rollback": _skip_rollback,
+    "softmax-as-q": _softmax_as_q,
+    "skip-vocab-check": _skip_vocab_check,
+}
+
+
+@contextmanager
+def inject(name: str | None) -> Iterator[None]:
+    """Run the body with the named fault in place (None: no fault)."""
+    if name is None:
+        yield
+        return
+    if name not in FAULTS:
+        raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
+    with FAULTS[name]():
+        yield
