@@ -15,6 +15,7 @@ from specdec.errors import SpecdecError
 COMMAND_MODULES = [
     "specdec.commands.generate",
     "specdec.commands.calc",
+    "specdec.commands.serve",
     "specdec.bench.cli",
 ]
 

@@ -1,0 +1,62 @@
+"""`specdec serve`: the OpenAI-compatible server with the live web view at `/`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from specdec.commands import add_model_flags, positive_int
+
+EXTRA_DRAFTERS = ("none", "lookup")  # cheap to keep loaded; the web view compares against them
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="serve an OpenAI-compatible API (and a web view) with speculative decoding",
+                       description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics "
+                                   "and a web view at / . One engine runs one request at a time; others wait "
+                                   "in a bounded queue.")
+    add_model_flags(p)
+    p.add_argument("-k", "--num-draft-tokens", type=positive_int, default=4, dest="k",
+                   help="K, draft tokens per round unless a request sets `k` (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                   help="require `Authorization: Bearer KEY` on /v1/* (default: $SPECDEC_API_KEY, else none)")
+    p.add_argument("--max-queue", type=int, default=16,
+                   help="requests that may wait while one runs; more get 503 (default: %(default)s)")
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the target's name)")
+    p.add_argument("--graceful-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds to finish requests in flight (default: %(default)s)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=run)
+
+
+def build_state(args: argparse.Namespace):
+    from specdec.drafters import make_drafter
+    from specdec.runtime import build_runtime
+    from specdec.server.app import ServerConfig, ServerState
+
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype)
+    runtimes = {args.draft: runtime}
+    for name in EXTRA_DRAFTERS:
+        if name not in runtimes:
+            runtimes[name] = runtime.with_drafter(make_drafter(name, runtime.target))
+    config = ServerConfig(model_name=args.served_model_name or runtime.target.name, default_draft=args.draft,
+                          k=args.k, api_key=args.api_key or None, max_queue=args.max_queue)
+    return ServerState(config, runtimes)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from specdec.server.app import create_app
+
+    state = build_state(args)
+    print(f"specdec: serving {state.config.model_name!r} (draft {args.draft}, K={args.k}) "
+          f"at http://{args.host}:{args.port}/ ; API at /v1", flush=True)
+    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.graceful_timeout)
+    uvicorn.Server(config).run()
+    return 0

@@ -1,0 +1,73 @@
+"""Prometheus metrics, named as vLLM names its own under a `specdec:` prefix.
+
+Tools that read vLLM's speculation counters (`vllm:spec_decode_num_drafts_total`, ...) read ours by
+swapping the prefix. Each server owns its registry, so tests can start several apps in one process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specdec.engine import SpecStats
+
+PREFIX = "specdec:"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                   1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        r, m = self.registry, PREFIX
+        labels = ["model_name"]
+        self.running = Gauge(m + "num_requests_running", "Requests generating now.", labels, registry=r)
+        self.waiting = Gauge(m + "num_requests_waiting", "Requests waiting for the engine.", labels, registry=r)
+        self.success = Counter(m + "request_success", "Finished requests by finish reason.",
+                               labels + ["finished_reason"], registry=r)
+        self.rejected = Counter(m + "request_rejected", "Requests answered with an error, by status.",
+                                labels + ["status"], registry=r)
+        self.prompt_tokens = Counter(m + "prompt_tokens", "Prompt tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter(m + "generation_tokens", "Tokens generated.", labels, registry=r)
+        self.ttft = Histogram(m + "time_to_first_token_seconds", "Time to first token.", labels,
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(m + "inter_token_latency_seconds", "Time between two emitted tokens.", labels,
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(m + "e2e_request_latency_seconds", "Request latency, arrival to last token.",
+                             labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.num_drafts = Counter(m + "spec_decode_num_drafts", "Rounds that drafted at least one token.",
+                                  labels, registry=r)
+        self.num_draft_tokens = Counter(m + "spec_decode_num_draft_tokens", "Draft tokens proposed.",
+                                        labels, registry=r)
+        self.num_accepted = Counter(m + "spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                                    labels, registry=r)
+        self.accepted_per_pos = Counter(m + "spec_decode_num_accepted_tokens_per_pos",
+                                        "Draft tokens accepted at each position of a round.",
+                                        labels + ["position"], registry=r)
+        self.model = model_name
+
+    def set_queue(self, running: int, waiting: int) -> None:
+        self.running.labels(self.model).set(running)
+        self.waiting.labels(self.model).set(waiting)
+
+    def reject(self, status: int) -> None:
+        self.rejected.labels(self.model, str(status)).inc()
+
+    def finish(self, reason: str, prompt_tokens: int, stats: SpecStats, latency: float) -> None:
+        """Count one finished (or aborted) request and its speculation."""
+        m = self.model
+        self.success.labels(m, reason).inc()
+        self.prompt_tokens.labels(m).inc(prompt_tokens)
+        self.generation_tokens.labels(m).inc(stats.generated)
+        self.e2e.labels(m).observe(latency)
+        # A round drafts at every position up to its length, so drafts = rounds that drafted position 0.
+        self.num_drafts.labels(m).inc(stats.drafted_per_position[0] if stats.drafted_per_position else 0)
+        self.num_draft_tokens.labels(m).inc(stats.drafted)
+        self.num_accepted.labels(m).inc(stats.accepted)
+        for pos, count in enumerate(stats.accepted_per_position):
+            self.accepted_per_pos.labels(m, str(pos)).inc(count)
+
+    def token_latency(self, first: bool, seconds: float) -> None:
+        (self.ttft if first else self.itl).labels(self.model).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,77 @@
+"""A tiny random Llama target and draft saved as model directories, with a small word-level tokenizer.
+
+The server loads models by directory (like a user would), so its tests need real directories with a
+tokenizer and a chat template; random weights keep every request a few milliseconds long. Sharp
+logits (a scaled lm_head) and a draft that is a copy of the target with noise give acceptance rates
+well between 0 and 1, so every token origin shows up.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+WORDS = (
+    "the a draft target token round accepted recovered bonus model fast slow cat dog runs jumps over "
+    "under and or not is was to of in on with for speculative decoding exact guess check keep replace "
+    "hello world what why how one two three four five six seven eight nine ten yes no maybe"
+).split()
+SPECIALS = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|system|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
+CONTEXT = 160  # small on purpose: "prompt longer than the context" is easy to hit in tests
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """Whitespace word-level tokenizer: every word above is one token, anything else is <unk>."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + WORDS + list(".,?!"))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Punctuation()])
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces, like text
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", additional_special_tokens=SPECIALS[3:])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _llama(seed: int, vocab: int, layers: int, scale: float) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(config).float()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def build_tiny_models(root: str | Path) -> tuple[Path, Path]:
+    """Write target/ and draft/ under root (once; later calls reuse them). Returns (target, draft)."""
+    root = Path(root)
+    target_dir, draft_dir = root / "target", root / "draft"
+    if (draft_dir / "config.json").exists():
+        return target_dir, draft_dir
+    tokenizer = build_tokenizer()
+    vocab = len(tokenizer)
+    target = _llama(0, vocab, layers=2, scale=6.0)
+    draft = _llama(0, vocab, layers=2, scale=6.0)
+    with torch.no_grad():  # the draft: the target plus noise, so it agrees often but not always
+        for p in draft.parameters():
+            p.add_(0.004 * torch.randn_like(p))
+    for model, path in ((target, target_dir), (draft, draft_dir)):
+        model.generation_config.eos_token_id = 2
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    return target_dir, draft_dir
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(build_tiny_models(sys.argv[1] if len(sys.argv) > 1 else "/tmp/specdec-tiny"))
