@@ -55,8 +55,8 @@ def engine_for(target: LoadedModel, drafter: Drafter) -> Engine:
 
 
 def build_runtime(target: str = "default", draft: str = "lookup", device: str | None = None,
-                  dtype: str | None = None, draft_dtype: str | None = None) -> Runtime:
-    loaded = load_model(target, device=device, dtype=dtype)
+                  dtype: str | None = None, draft_dtype: str | None = None, backend: str = "auto") -> Runtime:
+    loaded = load_model(target, device=device, dtype=dtype, backend=backend)
     drafter = make_drafter(draft, loaded, dtype=draft_dtype or dtype)
     return Runtime(loaded, drafter, engine_for(loaded, drafter))
 

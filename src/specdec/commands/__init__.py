@@ -22,6 +22,9 @@ def add_model_flags(parser: argparse.ArgumentParser, draft_default: str = "looku
                         help="draft: `lookup`, `none`, or a model of the same tokenizer (default: %(default)s)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu)")
+    parser.add_argument("--backend", choices=("auto", "native", "hf"), default="auto",
+                        help="model code: native (fast Llama family: static cache, CUDA graphs), hf (any "
+                             "transformers model), auto (native on CUDA when supported) (default: %(default)s)")
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:

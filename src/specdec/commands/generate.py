@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling_params(args),
                               stop=tuple(args.stop), ignore_eos=args.ignore_eos)
-    runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype)
+    runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype, backend=args.backend)
     prompt_ids = runtime.encode(prompt, chat=not args.raw)
     console = _console(args.json)
 

@@ -38,7 +38,8 @@ def build_state(args: argparse.Namespace):
 
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
-    runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype)
+    runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype,
+                            backend=getattr(args, "backend", "auto"))
     runtimes = {args.draft: runtime}
     for name in EXTRA_DRAFTERS:
         if name not in runtimes:

@@ -54,8 +54,18 @@ def resolve(name: str) -> tuple[str, dict]:
     return name, {}
 
 
-def load_model(name: str, device: str | None = None, dtype: str | None = None) -> LoadedModel:
-    """Load a target or draft: `default`, a hub id (from the local cache), a directory or a .gguf file."""
+BACKENDS = ("auto", "native", "hf")
+
+
+def load_model(name: str, device: str | None = None, dtype: str | None = None, backend: str = "auto") -> LoadedModel:
+    """Load a target or draft: `default`, a hub id (from the local cache), a directory or a .gguf file.
+
+    backend: `native` (the fast Llama-family model), `hf` (any transformers model) or `auto`
+    (native for supported architectures on CUDA, hf otherwise). On CPU auto stays on hf: native is
+    faster there too, but drafters that rewrite the HF modules (self-int8, ...) expect them.
+    """
+    if backend not in BACKENDS:
+        raise ModelLoadError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     dev = pick_device(device)
     location, extra = resolve(name)
     hf_logging.disable_progress_bar()  # a bar per load would bury the command's own output
@@ -68,7 +78,23 @@ def load_model(name: str, device: str | None = None, dtype: str | None = None) -
             "model directory, a .gguf file, or a hub id that is already in the local cache."
         ) from None
     display = default_model.DISPLAY_NAME if name == DEFAULT else name
-    return LoadedModel(HFCausalLM(hf.to(dev), display), tokenizer, display)
+    return LoadedModel(wrap_backend(hf.to(dev), display, backend), tokenizer, display)
+
+
+def wrap_backend(hf, name: str, backend: str = "auto") -> CausalLM:
+    """The native backend for supported Llama-family models (unless `hf` is asked for), else HFCausalLM."""
+    from specdec.models.llama_config import unsupported_reason
+
+    reason = unsupported_reason(hf.config)
+    if backend == "auto":
+        backend = "native" if hf.device.type == "cuda" and not reason else "hf"
+    if backend == "hf":
+        return HFCausalLM(hf, name)
+    if reason:
+        raise ModelLoadError(f"--backend native cannot run {name!r}: {reason}; use --backend hf or auto")
+    from specdec.models.native_llama import NativeLlama
+
+    return NativeLlama.from_hf(hf, name)  # a cache of min(4096, the model's context) tokens
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:

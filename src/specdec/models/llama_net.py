@@ -1,0 +1,191 @@
+"""The Llama-family network, written out (gpt-fast style): RMSNorm, RoPE, grouped-query attention
+over a preallocated KV cache, SwiGLU.
+
+Shapes: n new tokens of one sequence (batch 1), D = dim, H query heads, Hkv KV heads, G = H // Hkv,
+hd = head dim, S = cache slots. The cache of a layer is k, v: [Hkv, S, hd]; a token at position p
+lives in slot p, so rolling back is only a shorter length (the caller keeps it) and the stale slots
+are overwritten later.
+
+q, k and v are one fused matmul, and gate and up another: fewer, larger kernels (one launch
+instead of three on a GPU; one pass over x on a CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.models.llama_config import LlamaArch
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalise in fp32 and cast back before the weight, exactly as transformers does."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in the half-split layout of HF checkpoints. x: [n, heads, hd]; cos, sin: [n, hd]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+def layer_step(
+    x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor, bqkv: torch.Tensor | None,
+    wo: torch.Tensor, bo: torch.Tensor | None, ffn_norm: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+    cos: torch.Tensor, sin: torch.Tensor, kv_len: int, n_heads: int, n_kv_heads: int, eps: float,
+) -> torch.Tensor:
+    """One decoder layer on x [n, D]; writes this step's k, v into the cache at `pos` [n].
+
+    A pure function of tensors (the weights are arguments), so that torch.compile traces it once
+    and every layer reuses the same kernels. mask: [G*n, kv_len] bool (True = may attend), or None
+    when every cached slot up to kv_len may be seen (a single token).
+    """
+    n = x.shape[0]
+    hd = k_cache.shape[-1]
+    group = n_heads // n_kv_heads
+    qkv = F.linear(rms_norm(x, attn_norm, eps), wqkv, bqkv)  # [n, (H + 2 Hkv) hd]
+    q, k, v = qkv.split([n_heads * hd, n_kv_heads * hd, n_kv_heads * hd], dim=-1)
+    q = rotate(q.view(n, n_heads, hd), cos, sin)
+    k = rotate(k.view(n, n_kv_heads, hd), cos, sin)
+    k_cache.index_copy_(1, pos, k.transpose(0, 1))
+    v_cache.index_copy_(1, pos, v.view(n, n_kv_heads, hd).transpose(0, 1))
+    # GQA without copying the cache: the G query heads of a KV head become G*n query rows.
+    q = q.view(n, n_kv_heads, group, hd).permute(1, 2, 0, 3).reshape(1, n_kv_heads, group * n, hd)
+    out = F.scaled_dot_product_attention(q, k_cache[None, :, :kv_len], v_cache[None, :, :kv_len], attn_mask=mask)
+    out = out.view(n_kv_heads, group, n, hd).permute(2, 0, 1, 3).reshape(n, n_heads * hd)
+    h = x + F.linear(out, wo, bo)
+    gate, up = F.linear(rms_norm(h, ffn_norm, eps), w13).chunk(2, dim=-1)  # [n, I] each
+    return h + F.linear(F.silu(gate) * up, w2)
+
+
+class Block(nn.Module):
+    """The weights of one decoder layer."""
+
+    def __init__(self, arch: LlamaArch):
+        super().__init__()
+        hd, d = arch.head_dim, arch.dim
+        self.attn_norm = nn.Parameter(torch.ones(d))
+        self.wqkv = nn.Linear(d, (arch.n_heads + 2 * arch.n_kv_heads) * hd, bias=arch.qkv_bias)
+        self.wo = nn.Linear(arch.n_heads * hd, d, bias=arch.out_bias)
+        self.ffn_norm = nn.Parameter(torch.ones(d))
+        self.w13 = nn.Linear(d, 2 * arch.intermediate, bias=False)  # gate rows, then up rows
+        self.w2 = nn.Linear(arch.intermediate, d, bias=False)
+
+    def weights(self) -> tuple:
+        return (self.attn_norm, self.wqkv.weight, self.wqkv.bias, self.wo.weight, self.wo.bias,
+                self.ffn_norm, self.w13.weight, self.w2.weight)
+
+
+class LlamaNet(nn.Module):
+    """Weights, RoPE tables and a KV cache of `slots` positions. Knows nothing of the cache length."""
+
+    def __init__(self, arch: LlamaArch, slots: int):
+        super().__init__()
+        self.arch = arch
+        self.slots = slots
+        self.embed = nn.Embedding(arch.vocab_size, arch.dim)
+        self.layers = nn.ModuleList(Block(arch) for _ in range(arch.n_layers))
+        self.norm = nn.Parameter(torch.ones(arch.dim))
+        self.lm_head = None if arch.tie_embeddings else nn.Linear(arch.dim, arch.vocab_size, bias=False)
+        cache_shape = (arch.n_layers, arch.n_kv_heads, slots, arch.head_dim)
+        self.register_buffer("k_cache", torch.empty(cache_shape), persistent=False)
+        self.register_buffer("v_cache", torch.empty(cache_shape), persistent=False)
+        self.register_buffer("slot_ids", torch.empty(slots, dtype=torch.long), persistent=False)
+        self.register_buffer("cos", torch.empty(slots, arch.head_dim), persistent=False)  # [S, hd]
+        self.register_buffer("sin", torch.empty(slots, arch.head_dim), persistent=False)
+        self.layer_fn = layer_step  # replaced by a compiled version for CUDA graphs
+
+    @torch.no_grad()
+    def reset_buffers(self) -> None:
+        """Fill the cache with zeros and the RoPE tables (angles in fp32, then cast, as HF does)."""
+        # Zeros, not garbage: masked slots still enter the attention product, and NaN * 0 is NaN.
+        self.k_cache.zero_()
+        self.v_cache.zero_()
+        self.slot_ids.copy_(torch.arange(self.slots))
+        angles = torch.outer(torch.arange(self.slots).float(), self.arch.rope_inv_freq())  # [S, hd/2]
+        angles = torch.cat([angles, angles], dim=-1)
+        self.cos.copy_(angles.cos())
+        self.sin.copy_(angles.sin())
+
+    def lm_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    def _run(self, tokens, pos, mask, kv_len, layer_fn) -> tuple[torch.Tensor, torch.Tensor]:
+        a = self.arch
+        x = self.embed(tokens)  # [n, D]
+        cos, sin = self.cos[pos], self.sin[pos]  # [n, hd]
+        for i, layer in enumerate(self.layers):
+            x = layer_fn(x, *layer.weights(), self.k_cache[i], self.v_cache[i], pos, mask, cos, sin,
+                         kv_len, a.n_heads, a.n_kv_heads, a.norm_eps)
+        hidden = rms_norm(x, self.norm, a.norm_eps)  # [n, D]
+        return F.linear(hidden, self.lm_weight()), hidden  # [n, V], [n, D]
+
+    def forward_eager(self, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [n] at positions start..start+n-1; attends only to the first start+n slots."""
+        n = tokens.shape[0]
+        kv_len = start + n
+        pos = self.slot_ids[start:kv_len]
+        mask = None
+        if n > 1:  # causal within the new tokens; everything cached before them is visible
+            mask = (self.slot_ids[:kv_len][None, :] <= pos[:, None]).repeat(self.arch.group, 1)
+        return self._run(tokens, pos, mask, kv_len, layer_step)
+
+    def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fixed shapes for CUDA graphs: tokens, pos [n] (device tensors); attends over all S slots
+        with a mask built on the device, so the host never has to say how long the cache is."""
+        mask = (self.slot_ids[None, :] <= pos[:, None]).repeat(self.arch.group, 1)  # [G*n, S]
+        return self._run(tokens, pos, mask, self.slots, self.layer_fn)
+
+
+def build_net(arch: LlamaArch, slots: int, device: torch.device, dtype: torch.dtype) -> LlamaNet:
+    """An uninitialised net allocated straight on `device` in `dtype` (no fp32 copy of 8B weights
+    on the host first); fill it with load_hf_state or init_random."""
+    with torch.device("meta"):
+        net = LlamaNet(arch, slots)
+    net = net.to(dtype).to_empty(device=device)
+    net.reset_buffers()
+    return net
+
+
+def load_hf_state(net: LlamaNet, state: dict[str, torch.Tensor]) -> None:
+    """Copy a transformers Llama/Mistral/Qwen2 state_dict into the fused layout."""
+    def get(name):
+        return state[name]
+
+    with torch.no_grad():
+        net.embed.weight.copy_(get("model.embed_tokens.weight"))
+        net.norm.copy_(get("model.norm.weight"))
+        if net.lm_head is not None:
+            net.lm_head.weight.copy_(state.get("lm_head.weight", get("model.embed_tokens.weight")))
+        for i, block in enumerate(net.layers):
+            p = f"model.layers.{i}."
+            attn = [p + f"self_attn.{x}_proj" for x in "qkv"]
+            block.wqkv.weight.copy_(torch.cat([get(a + ".weight") for a in attn]))
+            if block.wqkv.bias is not None:
+                block.wqkv.bias.copy_(torch.cat([get(a + ".bias") for a in attn]))
+            block.wo.weight.copy_(get(p + "self_attn.o_proj.weight"))
+            if block.wo.bias is not None:
+                block.wo.bias.copy_(get(p + "self_attn.o_proj.bias"))
+            block.w13.weight.copy_(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]))
+            block.w2.weight.copy_(get(p + "mlp.down_proj.weight"))
+            block.attn_norm.copy_(get(p + "input_layernorm.weight"))
+            block.ffn_norm.copy_(get(p + "post_attention_layernorm.weight"))
+
+
+def init_random(net: LlamaNet, seed: int = 0) -> None:
+    """Random weights (normal, std 0.02; norms 1) for timing at a real size. Generated where the
+    net lives, so an 8B model is filled on the GPU in a second."""
+    gen = torch.Generator(device=net.embed.weight.device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in net.named_parameters():
+            if name.endswith("norm"):
+                param.fill_(1.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, 0.02, generator=gen)

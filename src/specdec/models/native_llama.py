@@ -1,0 +1,175 @@
+"""Fast backend for the Llama family: a preallocated KV cache and, on CUDA, captured CUDA graphs.
+
+Rolling back only moves `cache_len`: the slots after it are overwritten by the next tokens.
+
+On CUDA every forward of n <= max_graph_rows tokens replays a CUDA graph captured for exactly that
+many rows (the single-token draft step, the K+1-token verify step): one launch for the whole
+model, the positions living on the device, so a draft loop runs with no host synchronisation.
+The layer function is compiled with torch.compile before capture (fused norms, RoPE and SwiGLU).
+
+`pad_rows` > 0 runs every forward of up to that many tokens with exactly that many rows (extra
+rows are scratch writes past the cache length). The matmul kernels then see one shape whatever
+the number of real tokens, so a verify pass gives each row bit-for-bit the logits that a
+single-token step gives: greedy speculative output equals plain greedy output even in bf16.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from specdec.models.base import CausalLM
+from specdec.models.llama_config import LlamaArch, arch_from_hf, named_arch
+from specdec.models.llama_net import LlamaNet, build_net, init_random, layer_step, load_hf_state
+
+log = logging.getLogger(__name__)
+
+
+class _StepGraph:
+    """One CUDA graph of LlamaNet.forward_static over `rows` tokens, with its static buffers.
+
+    Off CUDA there is nothing to capture: replay() runs the same static-shape forward eagerly,
+    which lets the CPU tests check the padded-row and device-mask logic the graphs rely on.
+    """
+
+    def __init__(self, net: LlamaNet, rows: int):
+        self.net = net
+        device = net.slot_ids.device
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        # Warm-up runs really execute: point them at the last slots, which no real token uses.
+        self.pos = net.slot_ids[net.slots - rows:].clone()
+        self.graph = None
+        if device.type != "cuda":
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compile and autotune outside the capture
+            for _ in range(2):
+                net.forward_static(self.tokens, self.pos)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits, self.hidden = net.forward_static(self.tokens, self.pos)  # [rows, V], [rows, D]
+
+    def replay(self) -> None:
+        if self.graph is None:
+            self.logits, self.hidden = self.net.forward_static(self.tokens, self.pos)
+        else:
+            self.graph.replay()
+
+
+class NativeLlama(CausalLM):
+    """A Llama-family model with a static KV cache of `max_length` tokens (batch 1)."""
+
+    def __init__(self, net: LlamaNet, name: str, max_length: int, cuda_graphs: bool | None = None,
+                 compile: bool = True, max_graph_rows: int = 17, pad_rows: int = 0):
+        self.net = net.eval()
+        self.arch = net.arch
+        self.name = name
+        self.vocab_size = net.arch.vocab_size
+        self.max_length = max_length
+        self.device = net.slot_ids.device
+        if net.slots < max_length + max(max_graph_rows, pad_rows):
+            raise ValueError("the cache needs max_graph_rows spare slots past max_length for padded rows")
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.max_graph_rows = max(max_graph_rows, pad_rows)
+        self.pad_rows = pad_rows
+        self._compile = compile
+        self._graphs: dict[int, _StepGraph] = {}
+        self._len = 0
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_hf(cls, hf_model, name: str, max_length: int | None = None, **options) -> "NativeLlama":
+        """Take the weights of a loaded transformers model (the HF model can be dropped after)."""
+        arch = arch_from_hf(hf_model.config)
+        weight = hf_model.get_input_embeddings().weight
+        max_length = min(max_length or 4096, arch.max_position)
+        net = build_net(arch, _slots(max_length, options), weight.device, weight.dtype)
+        load_hf_state(net, hf_model.state_dict())
+        return cls(net, name, max_length, **options)
+
+    @classmethod
+    def random(cls, size: str, device="cuda", dtype=torch.bfloat16, max_length: int = 2048, seed: int = 0,
+               **options) -> "NativeLlama":
+        """Random weights at a named real size (`llama-3.1-8b`, `llama-3.2-1b`, ...), for timing."""
+        arch = named_arch(size)
+        net = build_net(arch, _slots(max_length, options), torch.device(device), dtype)
+        init_random(net, seed)
+        return cls(net, f"random {size}", max_length, **options)
+
+    # -- CausalLM ----------------------------------------------------------------------------
+    @property
+    def cache_len(self) -> int:
+        return self._len
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self._len:
+            raise ValueError(f"cannot roll back to {length}: the cache holds {self._len} tokens")
+        self._len = length
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.forward_with_hidden(tokens)[0]
+
+    @torch.inference_mode()
+    def forward_with_hidden(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [n] -> logits [n, V] fp32 and final-norm features [n, D], appended to the cache."""
+        n, start = tokens.shape[0], self._len
+        if start + n > self.max_length:
+            raise ValueError(f"{start} cached + {n} new tokens exceed the cache of {self.max_length}")
+        rows = self._graph_rows(n)
+        if rows is None:
+            logits, hidden = self.net.forward_eager(tokens.to(self.device), start)
+            logits = logits.float()
+        else:
+            step = self._graph(rows)
+            step.tokens[:n].copy_(tokens)
+            step.pos.copy_(self.net.slot_ids[start:start + rows])
+            step.replay()
+            logits = step.logits[:n].to(torch.float32, copy=True)  # the next replay overwrites them
+            hidden = step.hidden[:n].clone()
+        self._len = start + n
+        return logits, hidden
+
+    # -- CUDA graphs -------------------------------------------------------------------------
+    def capture(self, *row_counts: int) -> None:
+        """Capture graphs ahead of time (else the first forward of each size captures its own)."""
+        with torch.inference_mode():
+            for n in row_counts:
+                rows = self._graph_rows(n)
+                if rows is not None:
+                    self._graph(rows)
+
+    def _graph_rows(self, n: int) -> int | None:
+        if not self.cuda_graphs or n > self.max_graph_rows:
+            return None
+        return self.pad_rows if n <= self.pad_rows else n
+
+    def _graph(self, rows: int) -> _StepGraph:
+        if rows not in self._graphs:
+            if self._compile and self.device.type == "cuda" and self.net.layer_fn is layer_step:
+                self._try_compile(rows)
+            self._graphs[rows] = _StepGraph(self.net, rows)
+        return self._graphs[rows]
+
+    def _try_compile(self, rows: int) -> None:
+        """Compile the layer function once; if this PyTorch cannot, keep the eager one (still graphed)."""
+        compiled = torch.compile(layer_step, fullgraph=True)
+        self.net.layer_fn = compiled
+        try:
+            tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
+            self.net.forward_static(tokens, self.net.slot_ids[self.net.slots - rows:])
+        except Exception as exc:  # noqa: BLE001 - any compiler failure means: run uncompiled
+            log.warning("torch.compile failed (%s); CUDA graphs run the eager layers", str(exc).splitlines()[0])
+            self.net.layer_fn = layer_step
+            self._compile = False
+
+
+def _slots(max_length: int, options: dict) -> int:
+    """Cache slots: max_length plus room for padded rows, rounded up to 64 (aligned attention masks)."""
+    extra = max(options.get("max_graph_rows", 17), options.get("pad_rows", 0))
+    return -(-(max_length + extra) // 64) * 64
+
+
+__all__ = ["LlamaArch", "NativeLlama"]
