@@ -8,6 +8,8 @@ well between 0 and 1, so every token origin shows up.
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -75,3 +77,86 @@ if __name__ == "__main__":
     import sys
 
     print(build_tiny_models(sys.argv[1] if len(sys.argv) > 1 else "/tmp/specdec-tiny"))
+
+
+# ---- a real `specdec serve` process, shared by every server test of one pytest run ---------------
+
+_SERVERS: dict[tuple, "ServerProcess"] = {}
+
+
+class ServerProcess:
+    """`specdec serve` on 127.0.0.1 at a free port; `url` is its base URL."""
+
+    def __init__(self, args: list[str], log_path: Path):
+        import socket
+        import subprocess
+        import sys
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "specdec.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+               "--log-level", "warning", *args]
+        # One thread: tiny models gain nothing from more, and on a busy 2-core machine OpenMP threads
+        # that spin against each other make every forward pass 20x slower.
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout: float = 180.0) -> "ServerProcess":
+        import time
+
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"server not ready in {timeout}s:\n{self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except Exception:  # noqa: BLE001
+                self.proc.kill()
+
+
+def tiny_root() -> Path:
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / "specdec-server-tiny-v1"
+
+
+def shared_server(*extra: str) -> ServerProcess:
+    """The tiny target + draft served once per pytest process (stopped at exit)."""
+    import atexit
+
+    key = tuple(extra)
+    if key not in _SERVERS:
+        target, draft = build_tiny_models(tiny_root())
+        args = ["--target", str(target), "--draft", str(draft), "-k", "4", "--served-model-name", "tiny", *extra]
+        log = tiny_root() / f"server-{len(_SERVERS)}.log"
+        _SERVERS[key] = ServerProcess(args, log).wait_ready()
+        atexit.register(_SERVERS[key].stop)
+    return _SERVERS[key]
+
+
+@contextmanager
+def torch_threads(n: int):
+    """Run a block with n torch threads (then restore): in-process generation beside the server."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
