@@ -46,3 +46,5 @@ def make_drafter(spec: str, target: LoadedModel, dtype: str | None = None) -> Dr
 
 __all__ = ["Draft", "Drafter", "LookupDrafter", "ModelDrafter", "NoDrafter", "NAMED", "PREFIXED",
            "lookup_draft", "make_drafter"]
+from specdec.drafters import quantized as _quantized  # noqa: E402,F401  (registers self-int8, self-int4, self-bf16)
+from specdec.drafters import oracle as _oracle  # noqa: E402,F401  (registers oracle:ALPHA[:DRAFT])

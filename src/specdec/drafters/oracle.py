@@ -1,0 +1,139 @@
+"""Oracle drafter, for measuring the engine rather than a model pair.
+
+It proposes the target's own greedy continuation of the prompt (recorded once per prompt), each
+token replaced by a wrong one with probability 1 - alpha, so that greedy acceptance is alpha by
+construction. To pay what a real draft pays, it runs a real draft model's forward pass for every
+token it proposes (and throws the logits away). Every number it produces is an *oracle*
+measurement: it shows what the engine delivers at a given alpha and c, not what any draft achieves.
+
+Its choice is random, so for sampled decoding it reports the distribution it drew from:
+q = alpha on the recorded token and (1 - alpha) / (V - 1) on each other one (rule 1 of the design).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.drafters.base import Draft, Drafter, empty_draft
+from specdec.models.base import CausalLM
+from specdec.sampling import SamplingParams
+
+
+def record_greedy(target: CausalLM, prompt: list[int], length: int) -> list[int]:
+    """The target's plain greedy continuation of prompt (length tokens). Leaves the cache empty."""
+    device = target.device
+    logits = target.prefill(torch.tensor(prompt, dtype=torch.long, device=device))
+    token = logits[-1].argmax()
+    out = [token]
+    for _ in range(length - 1):
+        token = target.forward(token.reshape(1))[-1].argmax()
+        out.append(token)
+    target.reset()
+    return torch.stack(out).tolist()
+
+
+class OracleDrafter(Drafter):
+    """Proposes a corrupted copy of the recorded continuation; see the module docstring."""
+
+    def __init__(self, target: CausalLM, alpha: float, draft_model: CausalLM | None = None,
+                 horizon: int = 256, seed: int = 0):
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"oracle alpha must be in [0, 1], got {alpha}")
+        self.target = target
+        self.alpha = alpha
+        self.draft_model = draft_model
+        self.horizon = horizon
+        self.device = target.device
+        self.vocab_size = target.vocab_size
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.name = f"oracle(alpha={alpha:g}" + (f", cost of {draft_model.name})" if draft_model else ")")
+        self._recorded: dict[tuple[int, ...], torch.Tensor] = {}
+        self._continuation = torch.empty(0, dtype=torch.long, device=self.device)
+        self._prompt_len = 0
+
+    def remember(self, prompt: list[int], continuation: list[int]) -> None:
+        """Give the greedy continuation of a prompt (saves recording it again)."""
+        self._recorded[tuple(prompt)] = torch.tensor(continuation, dtype=torch.long, device=self.device)
+
+    def begin(self, prompt: list[int]) -> None:
+        key = tuple(prompt)
+        if key not in self._recorded:
+            # The engine has prefilled the target; recording reuses its cache, then restores it.
+            kept = self.target.cache_len
+            self.remember(prompt, record_greedy(self.target, prompt, self.horizon))
+            if kept:
+                self.target.forward(torch.tensor(prompt[:kept], dtype=torch.long, device=self.device))
+        self._continuation = self._recorded[key]
+        self._prompt_len = len(prompt)
+        if self.draft_model is not None:
+            self.draft_model.reset()
+            if len(prompt) > 1:
+                self.draft_model.forward(self._tensor(prompt[:-1]))
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
+        if k < 1:
+            return empty_draft(self.device)
+        truth, known = self._truth(len(context) - self._prompt_len, k)
+        keep = torch.rand(k, device=self.device, generator=self.generator) < self.alpha
+        shift = torch.randint(1, self.vocab_size, (k,), device=self.device, generator=self.generator)
+        tokens = torch.where(keep, truth, (truth + shift) % self.vocab_size)  # shift != 0: surely wrong
+        if self.draft_model is not None:
+            self._pay_draft_cost(context, tokens)
+        q = None if params.greedy else self._distribution(truth, known)
+        return Draft(tokens, q)
+
+    def commit(self, num_valid: int) -> None:
+        if self.draft_model is not None and self.draft_model.cache_len > num_valid:
+            self.draft_model.rollback(num_valid)
+
+    def _truth(self, offset: int, k: int) -> tuple[torch.Tensor, int]:
+        """Recorded tokens offset..offset+k-1 [k] and how many were recorded (random past the horizon)."""
+        truth = self._continuation[offset:offset + k]
+        known = truth.shape[0]
+        if known < k:
+            pad = torch.randint(0, self.vocab_size, (k - known,), device=self.device, generator=self.generator)
+            truth = torch.cat([truth, pad])
+        return truth, known
+
+    def _pay_draft_cost(self, context: list[int], tokens: torch.Tensor) -> None:
+        """k draft steps, as ModelDrafter runs them: the unseen context first, then each proposal but the last."""
+        fresh = self._tensor(context[self.draft_model.cache_len:])
+        for i in range(tokens.shape[0]):
+            self.draft_model.forward(fresh)
+            fresh = tokens[i:i + 1]
+
+    def _distribution(self, truth: torch.Tensor, known: int) -> torch.Tensor:
+        """q [k, V]: alpha on the recorded token, the rest spread evenly; uniform past the recording."""
+        k, vocab = truth.shape[0], self.vocab_size
+        q = torch.full((k, vocab), (1.0 - self.alpha) / (vocab - 1), device=self.device)
+        q[:known].scatter_(1, truth[:known, None], self.alpha)
+        q[known:] = 1.0 / vocab
+        return q
+
+    def _tensor(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+
+def _factory(target, arg: str, dtype=None) -> Drafter:
+    """`oracle:ALPHA` or `oracle:ALPHA:DRAFT_MODEL` (the model whose cost each step pays)."""
+    from specdec.errors import ModelLoadError
+    from specdec.models.loader import load_model
+
+    alpha_text, _, model_name = arg.partition(":")
+    try:
+        alpha = float(alpha_text)
+    except ValueError:
+        raise ModelLoadError(f"oracle needs an acceptance rate: oracle:ALPHA[:DRAFT], got oracle:{arg}") from None
+    if not 0.0 <= alpha <= 1.0:
+        raise ModelLoadError(f"oracle alpha must be in [0, 1], got {alpha}")
+    draft = load_model(model_name, device=str(target.model.device), dtype=dtype).model if model_name else None
+    return OracleDrafter(target.model, alpha, draft)
+
+
+def _register() -> None:
+    from specdec.drafters import PREFIXED
+
+    PREFIXED["oracle"] = _factory
+
+
+_register()

@@ -1,0 +1,47 @@
+"""The oracle drafter: acceptance alpha by construction, output still the target's own."""
+
+import pytest
+import torch
+
+from specdec.drafters.none import NoDrafter
+from specdec.drafters.oracle import OracleDrafter, record_greedy
+from specdec.engine import Engine, GenerationConfig
+from specdec.sampling import SamplingParams
+
+PROMPT = [3, 14, 15, 9, 26, 5]
+
+
+def test_alpha_one_accepts_everything(tiny_target, tiny_draft):
+    oracle = OracleDrafter(tiny_target, alpha=1.0, draft_model=tiny_draft, horizon=64)
+    config = GenerationConfig(max_new_tokens=30, k=4, ignore_eos=True)
+    spec = Engine(tiny_target, oracle).generate(PROMPT, config)
+    plain = Engine(tiny_target, NoDrafter(tiny_target.device)).generate(PROMPT, config)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.acceptance_rate == 1.0
+    assert spec.stats.rounds == 6  # 5 tokens a round
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5])
+def test_corruption_rate_and_exact_output(tiny_target, alpha):
+    oracle = OracleDrafter(tiny_target, alpha=alpha, horizon=100, seed=1)
+    config = GenerationConfig(max_new_tokens=80, k=1, ignore_eos=True)
+    spec = Engine(tiny_target, oracle).generate(PROMPT, config)
+    assert spec.token_ids == record_greedy(tiny_target, PROMPT, 80)
+    assert abs(spec.stats.acceptance_rate - alpha) < 0.2
+
+
+def test_sampled_q_is_what_it_draws_from(tiny_target):
+    oracle = OracleDrafter(tiny_target, alpha=0.7, horizon=4)
+    tiny_target.reset()
+    oracle.begin(PROMPT)
+    draft = oracle.propose(PROMPT, 6, SamplingParams(temperature=1.0), None)
+    assert draft.q.shape == (6, tiny_target.vocab_size)
+    torch.testing.assert_close(draft.q.sum(-1), torch.ones(6))
+    recorded = record_greedy(tiny_target, PROMPT, 4)
+    assert draft.q[torch.arange(4), recorded].tolist() == pytest.approx([0.7] * 4)
+
+
+def test_registered_as_prefixed_drafter():
+    from specdec.drafters import PREFIXED
+
+    assert "oracle" in PREFIXED
