@@ -52,8 +52,8 @@ def layer_step(
     q, k, v = qkv.split([n_heads * hd, n_kv_heads * hd, n_kv_heads * hd], dim=-1)
     q = rotate(q.view(n, n_heads, hd), cos, sin)
     k = rotate(k.view(n, n_kv_heads, hd), cos, sin)
-    k_cache.index_copy_(1, pos, k.transpose(0, 1))
-    v_cache.index_copy_(1, pos, v.view(n, n_kv_heads, hd).transpose(0, 1))
+    k_cache[:, pos] = k.transpose(0, 1)  # index_put_: compiles to an in-place scatter
+    v_cache[:, pos] = v.view(n, n_kv_heads, hd).transpose(0, 1)
     # GQA without copying the cache: the G query heads of a KV head become G*n query rows.
     q = q.view(n, n_kv_heads, group, hd).permute(1, 2, 0, 3).reshape(1, n_kv_heads, group * n, hd)
     out = F.scaled_dot_product_attention(q, k_cache[None, :, :kv_len], v_cache[None, :, :kv_len], attn_mask=mask)
@@ -64,9 +64,12 @@ def layer_step(
 
 
 class Block(nn.Module):
-    """The weights of one decoder layer."""
+    """The weights of one decoder layer, and its KV cache: k, v [Hkv, S, hd].
 
-    def __init__(self, arch: LlamaArch):
+    One cache tensor per layer, not slices of a shared one, so that the compiled layer mutates
+    a whole graph input in place (a mutated view would be copied back after every step)."""
+
+    def __init__(self, arch: LlamaArch, slots: int):
         super().__init__()
         hd, d = arch.head_dim, arch.dim
         self.attn_norm = nn.Parameter(torch.ones(d))
@@ -75,6 +78,8 @@ class Block(nn.Module):
         self.ffn_norm = nn.Parameter(torch.ones(d))
         self.w13 = nn.Linear(d, 2 * arch.intermediate, bias=False)  # gate rows, then up rows
         self.w2 = nn.Linear(arch.intermediate, d, bias=False)
+        self.register_buffer("k_cache", torch.empty(arch.n_kv_heads, slots, hd), persistent=False)
+        self.register_buffer("v_cache", torch.empty(arch.n_kv_heads, slots, hd), persistent=False)
 
     def weights(self) -> tuple:
         return (self.attn_norm, self.wqkv.weight, self.wqkv.bias, self.wo.weight, self.wo.bias,
@@ -89,12 +94,9 @@ class LlamaNet(nn.Module):
         self.arch = arch
         self.slots = slots
         self.embed = nn.Embedding(arch.vocab_size, arch.dim)
-        self.layers = nn.ModuleList(Block(arch) for _ in range(arch.n_layers))
+        self.layers = nn.ModuleList(Block(arch, slots) for _ in range(arch.n_layers))
         self.norm = nn.Parameter(torch.ones(arch.dim))
         self.lm_head = None if arch.tie_embeddings else nn.Linear(arch.dim, arch.vocab_size, bias=False)
-        cache_shape = (arch.n_layers, arch.n_kv_heads, slots, arch.head_dim)
-        self.register_buffer("k_cache", torch.empty(cache_shape), persistent=False)
-        self.register_buffer("v_cache", torch.empty(cache_shape), persistent=False)
         self.register_buffer("slot_ids", torch.empty(slots, dtype=torch.long), persistent=False)
         self.register_buffer("cos", torch.empty(slots, arch.head_dim), persistent=False)  # [S, hd]
         self.register_buffer("sin", torch.empty(slots, arch.head_dim), persistent=False)
@@ -104,8 +106,9 @@ class LlamaNet(nn.Module):
     def reset_buffers(self) -> None:
         """Fill the cache with zeros and the RoPE tables (angles in fp32, then cast, as HF does)."""
         # Zeros, not garbage: masked slots still enter the attention product, and NaN * 0 is NaN.
-        self.k_cache.zero_()
-        self.v_cache.zero_()
+        for layer in self.layers:
+            layer.k_cache.zero_()
+            layer.v_cache.zero_()
         self.slot_ids.copy_(torch.arange(self.slots))
         angles = torch.outer(torch.arange(self.slots).float(), self.arch.rope_inv_freq())  # [S, hd/2]
         angles = torch.cat([angles, angles], dim=-1)
@@ -119,8 +122,8 @@ class LlamaNet(nn.Module):
         a = self.arch
         x = self.embed(tokens)  # [n, D]
         cos, sin = self.cos[pos], self.sin[pos]  # [n, hd]
-        for i, layer in enumerate(self.layers):
-            x = layer_fn(x, *layer.weights(), self.k_cache[i], self.v_cache[i], pos, mask, cos, sin,
+        for layer in self.layers:
+            x = layer_fn(x, *layer.weights(), layer.k_cache, layer.v_cache, pos, mask, cos, sin,
                          kv_len, a.n_heads, a.n_kv_heads, a.norm_eps)
         hidden = rms_norm(x, self.norm, a.norm_eps)  # [n, D]
         return F.linear(hidden, self.lm_weight()), hidden  # [n, V], [n, D]

@@ -92,9 +92,10 @@ class NativeLlama(CausalLM):
 
     @classmethod
     def random(cls, size: str, device="cuda", dtype=torch.bfloat16, max_length: int = 2048, seed: int = 0,
-               **options) -> "NativeLlama":
-        """Random weights at a named real size (`llama-3.1-8b`, `llama-3.2-1b`, ...), for timing."""
-        arch = named_arch(size)
+               arch_overrides: dict | None = None, **options) -> "NativeLlama":
+        """Random weights at a named real size (`llama-3.1-8b`, `llama-3.2-1b`, ...), for timing.
+        arch_overrides changes fields of that shape (e.g. n_layers=2 for a quick smoke run)."""
+        arch = named_arch(size, **(arch_overrides or {}))
         net = build_net(arch, _slots(max_length, options), torch.device(device), dtype)
         init_random(net, seed)
         return cls(net, f"random {size}", max_length, **options)
@@ -155,6 +156,13 @@ class NativeLlama(CausalLM):
 
     def _try_compile(self, rows: int) -> None:
         """Compile the layer function once; if this PyTorch cannot, keep the eager one (still graphed)."""
+        import torch._dynamo.config as dynamo_config
+
+        # One compiled layer serves every layer, the target and the draft; shapes that differ
+        # (rows, widths) become dynamic after a recompile or two, so a small limit is plenty.
+        for knob in ("recompile_limit", "cache_size_limit"):
+            if hasattr(dynamo_config, knob):
+                setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 32))
         compiled = torch.compile(layer_step, fullgraph=True)
         self.net.layer_fn = compiled
         try:

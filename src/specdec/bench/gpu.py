@@ -1,0 +1,417 @@
+"""`specdec bench gpu`: the fast path at real sizes, in one run (about 5-8 minutes on an H200).
+
+Random-weight Llama-3.1-8B-shape target and Llama-3.2-1B-shape draft in bf16 (timings are honest,
+acceptance is not: the speedups use the oracle drafter, labelled as such). Measures the copy
+bandwidth ceiling, plain decode against it, the verify-cost curve, c, oracle speedups against the
+formula, transformers generate() on the same weights, bf16 logits native vs transformers, and the
+greedy identity rate of speculative vs plain decoding. `--cpu`: the embedded default through the
+native path against transformers generate() on this machine's CPU.
+
+Prints a short table last; saves everything as JSON (gpu-h200.json or gpu-cpu.json) in --out-dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64]
+ALPHAS = [0.6, 0.8, 0.9]
+EXACT_ROWS = 16  # exact mode: every target step runs with this many rows
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gpu", help="fast path on CUDA at real sizes (or --cpu: native vs transformers on CPU)")
+    add_flags(p)
+    p.set_defaults(func=run)
+
+
+def add_flags(p) -> None:
+    p.add_argument("--cpu", action="store_true", help="CPU: embedded default, native vs transformers generate()")
+    p.add_argument("--smoke", action="store_true", help="2-layer models and few repeats: shake out errors fast")
+    p.add_argument("--out-dir", default=os.environ.get("OUT", "results"), help="where the JSON goes")
+    p.add_argument("--context", type=int, default=512, help="prompt length for the decode timings")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens per generation in the engine runs")
+    p.add_argument("--no-hf-compile", action="store_true", help="skip transformers' static cache + compile row")
+
+
+def run(args) -> int:
+    return run_cpu(args) if args.cpu else run_gpu(args)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_flags(parser)
+    return run(parser.parse_args(argv))
+
+
+# -- timing helpers ------------------------------------------------------------------------------
+def cuda_median_ms(fn, reps: int, warmup: int = 3) -> float:
+    """Median over reps of fn's device time, each call between two CUDA events."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    pairs = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def copy_bandwidth(gib: float, reps: int) -> float:
+    """Device-to-device copy, bytes read plus written, in GB/s."""
+    import torch
+
+    src = torch.randn(int(gib * (1 << 30)) // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = cuda_median_ms(lambda: dst.copy_(src), reps)
+    nbytes = 2 * src.numel() * src.element_size()
+    del src, dst
+    torch.cuda.empty_cache()
+    return nbytes / ms / 1e6
+
+
+def bytes_per_token(model, context: int) -> int:
+    """Bytes a decode step must read: every weight but the embedding table (one row is read),
+    plus the KV cache of the context."""
+    a = model.arch
+    weights = sum(p.numel() * p.element_size() for p in model.net.parameters())
+    if not a.tie_embeddings:
+        weights -= model.net.embed.weight.numel() * model.net.embed.weight.element_size()
+    kv = 2 * a.n_layers * a.n_kv_heads * a.head_dim * context * model.net.layers[0].k_cache.element_size()
+    return weights + kv
+
+
+def decode_loop_ms(model, prompt, steps: int) -> float:
+    """Plain greedy decoding with the model's own steps (no engine): ms per token."""
+    import torch
+
+    model.prefill(prompt[:-1])
+    token = prompt[-1:]
+    for _ in range(3):
+        token = model.forward(token)[-1].argmax().reshape(1)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        token = model.forward(token)[-1].argmax().reshape(1)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1000 / steps
+
+
+def step_ms(model, prompt, rows: int, reps: int) -> float:
+    """Device time of one forward of `rows` new tokens after the prompt (rolled back each time)."""
+    import torch
+
+    model.prefill(prompt)
+    length = model.cache_len
+    tokens = torch.randint(0, model.vocab_size, (rows,), device=model.device)
+
+    def once():
+        model.rollback(length)
+        model.forward(tokens)
+
+    return cuda_median_ms(once, reps)
+
+
+# -- models ---------------------------------------------------------------------------------------
+def build_models(smoke: bool, max_length: int):
+    """HF target (random init), the native target on the same weights, and a native random draft."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from specdec.models.llama_config import named_arch
+    from specdec.models.native_llama import NativeLlama
+
+    overrides = {"n_layers": 2} if smoke else {}
+    arch = named_arch("llama-3.1-8b", **overrides)
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            torch.manual_seed(0)
+            hf = LlamaForCausalLM(arch.to_hf()).eval()
+    finally:
+        torch.set_default_dtype(default_dtype)
+    target = NativeLlama.from_hf(hf, "random llama-3.1-8b", max_length=max_length, max_graph_rows=65)
+    draft = NativeLlama.random("llama-3.2-1b", max_length=max_length, arch_overrides=overrides, seed=1)
+    return hf, target, draft
+
+
+def random_prompts(count: int, length: int, vocab: int, seed: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (length,), generator=gen).cuda() for _ in range(count)]
+
+
+# -- sections -------------------------------------------------------------------------------------
+def section_decode(target, draft, prompt, bandwidth_gbs: float, smoke: bool) -> dict:
+    steps = 32 if smoke else 256
+    loop = statistics.median(decode_loop_ms(target, prompt, steps) for _ in range(3))
+    nbytes = bytes_per_token(target, len(prompt))
+    achieved = nbytes / loop / 1e6
+    draft_loop = statistics.median(decode_loop_ms(draft, prompt, steps) for _ in range(3))
+    return {"context": len(prompt), "ms_per_token": loop, "tokens_per_s": 1000 / loop,
+            "bytes_per_token": nbytes, "achieved_gbs": achieved, "fraction_of_ceiling": achieved / bandwidth_gbs,
+            "draft_ms_per_token": draft_loop, "draft_bytes_per_token": bytes_per_token(draft, len(prompt))}
+
+
+def section_verify_curve(target, draft, prompt, smoke: bool) -> dict:
+    reps = 5 if smoke else 20
+    curve = {n: step_ms(target, prompt, n, reps) for n in SIZES}
+    draft_step = step_ms(draft, prompt, 1, reps * 2)
+    one = curve[1]
+    return {"step_ms": curve, "ratio": {n: ms / one for n, ms in curve.items()},
+            "draft_step_ms": draft_step, "c": draft_step / one}
+
+
+def engine_run(target, drafter, prompts, new_tokens: int, k: int):
+    """Greedy generations through the engine; (tokens/s over decode time, alpha, tau, token lists)."""
+    from specdec.engine import Engine, GenerationConfig
+
+    engine = Engine(target, drafter)
+    config = GenerationConfig(max_new_tokens=new_tokens, k=k, ignore_eos=True)
+    gens = [engine.generate(p.tolist(), config) for p in prompts]
+    generated = sum(g.stats.generated for g in gens)
+    decode = sum(g.stats.decode_time for g in gens)
+    drafted = sum(g.stats.drafted for g in gens)
+    accepted = sum(g.stats.accepted for g in gens)
+    rounds = sum(g.stats.rounds for g in gens)
+    return {"tokens_per_s": generated / decode, "alpha": accepted / drafted if drafted else None,
+            "tau": generated / rounds}, [g.token_ids for g in gens]
+
+
+def section_oracle(target, draft, prompts, c: float, verify_ratio: dict, new_tokens: int) -> dict:
+    """End-to-end speedup over plain decoding (same engine), oracle drafter, per alpha and K."""
+    from specdec.drafters.none import NoDrafter
+    from specdec.drafters.oracle import OracleDrafter
+    from specdec.speedup import best_k, expected_speedup
+
+    plain_runs, out = [], {"label": "oracle drafter (engine measurement, not a model pair)", "alphas": {}}
+    plain, continuations = engine_run(target, NoDrafter(target.device), prompts, new_tokens, 1)
+    plain_runs.append(plain["tokens_per_s"])
+    for alpha in ALPHAS:
+        oracle = OracleDrafter(target, alpha, draft, horizon=new_tokens, seed=7)
+        for p, cont in zip(prompts, continuations):
+            oracle.remember(p.tolist(), cont)
+        k_calc = best_k(alpha, c).k
+        rows = {}
+        for k in sorted({2, 3, 4, 5, 6, 8, 10, k_calc}):
+            res, _ = engine_run(target, oracle, prompts, new_tokens, k)
+            res["predicted"] = expected_speedup(alpha, k, c)
+            res["predicted_with_verify_cost"] = expected_speedup(alpha, k, c, verify_ratio.get(k + 1, 1.0))
+            rows[k] = res
+        again, _ = engine_run(target, NoDrafter(target.device), prompts, new_tokens, 1)
+        plain_runs.append(again["tokens_per_s"])
+        base = statistics.mean(plain_runs[-2:])  # the plain runs either side of this alpha's sweep
+        for res in rows.values():
+            res["speedup"] = res["tokens_per_s"] / base
+        best = max(rows, key=lambda k: rows[k]["speedup"])
+        out["alphas"][alpha] = {"k_calc": k_calc, "k_best": best, "plain_tokens_per_s": base, "by_k": rows}
+    out["plain_tokens_per_s_runs"] = plain_runs
+    return out
+
+
+def section_identity(target, draft, prompts, new_tokens: int, k: int) -> dict:
+    """Greedy speculative vs plain output, default numerics and exact (fixed-row) numerics."""
+    from specdec.drafters.none import NoDrafter
+    from specdec.drafters.oracle import OracleDrafter
+    from specdec.models.native_llama import NativeLlama
+
+    exact = NativeLlama(target.net, target.name + " exact", target.max_length, max_graph_rows=65,
+                        pad_rows=EXACT_ROWS, compile=True)
+    out = {"k": k, "prompts": len(prompts), "new_tokens": new_tokens, "oracle_alpha": 0.8}
+    for label, model in (("default", target), ("exact", exact)):
+        plain, plain_ids = engine_run(model, NoDrafter(model.device), prompts, new_tokens, 1)
+        oracle = OracleDrafter(model, 0.8, draft, horizon=new_tokens, seed=3)
+        for p, ids in zip(prompts, plain_ids):
+            oracle.remember(p.tolist(), ids)
+        spec, spec_ids = engine_run(model, oracle, prompts, new_tokens, k)
+        same = [a == b for a, b in zip(plain_ids, spec_ids)]
+        first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+                      for a, b in zip(plain_ids, spec_ids)]
+        out[label] = {"identity_rate": sum(same) / len(same), "first_divergence": first_diff,
+                      "plain_tokens_per_s": plain["tokens_per_s"], "spec_tokens_per_s": spec["tokens_per_s"],
+                      "spec_alpha": spec["alpha"]}
+    return out
+
+
+def section_logits(hf, target, prompt) -> dict:
+    """bf16 logits of the native model against transformers on the same weights."""
+    import torch
+
+    from specdec.models.hf import HFCausalLM
+
+    ref = HFCausalLM(hf, "hf")
+    ref_prefill, nat_prefill = ref.prefill(prompt[:-8]), target.prefill(prompt[:-8])
+    ref_steps = torch.cat([ref.forward(prompt[i:i + 1]) for i in range(len(prompt) - 8, len(prompt))])
+    nat_steps = torch.cat([target.forward(prompt[i:i + 1]) for i in range(len(prompt) - 8, len(prompt))])
+    ref.reset()
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
+    return {"prefill_rel_err": rel(nat_prefill, ref_prefill), "decode_rel_err": rel(nat_steps, ref_steps),
+            "prefill_argmax_agree": float((nat_prefill.argmax(-1) == ref_prefill.argmax(-1)).float().mean()),
+            "decode_argmax_agree": float((nat_steps.argmax(-1) == ref_steps.argmax(-1)).float().mean())}
+
+
+def hf_generate_tps(hf, prompt, new_tokens: int, **kwargs) -> float:
+    """transformers generate(), greedy: decode tokens/s (a 1-token generate subtracts the prefill)."""
+    import torch
+
+    ids = prompt[None]
+
+    def timed(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kwargs)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    timed(new_tokens)  # warm-up (and compilation, for the static cache)
+    timed(new_tokens)
+    return (new_tokens - 1) / (timed(new_tokens) - timed(1))
+
+
+# -- the runs ---------------------------------------------------------------------------------------
+def run_gpu(args) -> int:
+    import torch
+
+    from specdec.bench.scoreboard import machine_name
+
+    if not torch.cuda.is_available():
+        print("no CUDA device: run `specdec bench gpu --cpu` for the CPU comparison")
+        return 2
+    t_start = time.perf_counter()
+    smoke = args.smoke
+    res = {"card": torch.cuda.get_device_name(0), "machine": machine_name(), "torch": torch.__version__,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "smoke": smoke,
+           "target": "random-weight Llama-3.1-8B shape, bf16", "draft": "random-weight Llama-3.2-1B shape, bf16"}
+    import transformers
+
+    res["transformers"] = transformers.__version__
+    out_path = Path(args.out_dir) / ("gpu-smoke.json" if smoke else "gpu-h200.json")
+
+    def save(section, value):
+        res[section] = value
+        res["elapsed_s"] = time.perf_counter() - t_start
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(res, indent=1, default=str))
+        print(f"[{res['elapsed_s']:6.1f}s] {section}: done", flush=True)
+
+    save("copy_bandwidth_gbs", copy_bandwidth(0.5 if smoke else 4.0, 5 if smoke else 20))
+    new_tokens = 16 if smoke else args.new_tokens
+    hf, target, draft = build_models(smoke, max_length=args.context + new_tokens + 128)
+    save("params", {"target": sum(p.numel() for p in target.net.parameters()),
+                    "draft": sum(p.numel() for p in draft.net.parameters())})
+    ctx_prompt = random_prompts(1, args.context, target.vocab_size, seed=0)[0]
+    save("logits_vs_hf", section_logits(hf, target, ctx_prompt[:128]))
+    save("decode", section_decode(target, draft, ctx_prompt, res["copy_bandwidth_gbs"], smoke))
+    save("verify", section_verify_curve(target, draft, ctx_prompt, smoke))
+    prompts = random_prompts(1 if smoke else 3, args.context, target.vocab_size, seed=1)
+    save("oracle", section_oracle(target, draft, prompts, res["verify"]["c"], res["verify"]["ratio"], new_tokens))
+    id_prompts = random_prompts(2 if smoke else 10, 64 if smoke else 256, target.vocab_size, seed=2)
+    save("identity", section_identity(target, draft, id_prompts, new_tokens if smoke else 96, k=5))
+    del target, draft
+    torch.cuda.empty_cache()
+    hf_tokens = 8 if smoke else 64
+    save("hf_generate_eager_tps", hf_generate_tps(hf, ctx_prompt, hf_tokens))
+    print_table(res)
+    if not args.no_hf_compile and time.perf_counter() - t_start < (60 if smoke else 330):
+        try:
+            tps = hf_generate_tps(hf, ctx_prompt, hf_tokens, cache_implementation="static")
+        except Exception as exc:  # noqa: BLE001 - a peer row that fails is reported, not fatal
+            tps = f"failed: {str(exc).splitlines()[0][:200]}"
+        save("hf_generate_static_compile_tps", tps)
+    else:
+        save("hf_generate_static_compile_tps", "skipped (time budget)")
+    print_table(res)
+    print(f"saved {out_path}")
+    return 0
+
+
+def print_table(res: dict) -> None:
+    d, v, o = res["decode"], res["verify"], res["oracle"]
+    ident = res["identity"]
+    lines = [
+        f"card: {res['card']}  torch {res['torch']}  transformers {res['transformers']}  {res['date']}",
+        f"copy bandwidth ceiling          {res['copy_bandwidth_gbs']:8.0f} GB/s",
+        f"plain decode @ctx {d['context']:<5}        {d['tokens_per_s']:8.1f} tok/s  "
+        f"({d['ms_per_token']:.2f} ms, {d['fraction_of_ceiling']:.0%} of ceiling)",
+        f"verify(8)/verify(1)             {v['ratio'][8]:8.3f}   (16: {v['ratio'][16]:.2f}, 32: {v['ratio'][32]:.2f},"
+        f" 64: {v['ratio'][64]:.2f})",
+        f"c = draft step / target step    {v['c']:8.3f}   ({v['draft_step_ms']:.3f} / {v['step_ms'][1]:.3f} ms)",
+    ]
+    for alpha, a in o["alphas"].items():
+        kc, kb = a["by_k"][a["k_calc"]], a["by_k"][a["k_best"]]
+        lines.append(f"oracle alpha {alpha}: K_calc={a['k_calc']} {kc['speedup']:.2f}x (formula {kc['predicted']:.2f}x)"
+                     f"  best K={a['k_best']} {kb['speedup']:.2f}x (formula {kb['predicted']:.2f}x)")
+    eager = res.get("hf_generate_eager_tps")
+    if isinstance(eager, float):
+        lines.append(f"HF generate eager               {eager:8.1f} tok/s  native plain is {d['tokens_per_s'] / eager:.1f}x")
+    static = res.get("hf_generate_static_compile_tps")
+    if static is not None:
+        lines.append(f"HF generate static+compile      {static if isinstance(static, str) else f'{static:8.1f} tok/s'}")
+    lg = res["logits_vs_hf"]
+    lines.append(f"bf16 logits vs HF: rel err prefill {lg['prefill_rel_err']:.2e} decode {lg['decode_rel_err']:.2e},"
+                 f" argmax agree {lg['decode_argmax_agree']:.0%}")
+    for mode in ("default", "exact"):
+        m = ident[mode]
+        lines.append(f"greedy identity ({mode:7}): {m['identity_rate']:.0%} of {ident['prompts']} prompts, "
+                     f"plain {m['plain_tokens_per_s']:.0f} tok/s, spec {m['spec_tokens_per_s']:.0f} tok/s")
+    print("\n".join(["", "=" * 100] + lines + ["=" * 100]), flush=True)
+
+
+def run_cpu(args) -> int:
+    """Plain greedy decoding of the embedded default: native path vs transformers generate(), A/B alternating."""
+    import torch
+
+    from specdec.bench.scoreboard import machine_name
+    from specdec.drafters.none import NoDrafter
+    from specdec.engine import Engine, GenerationConfig
+    from specdec.models.loader import load_model
+    from specdec.models.native_llama import NativeLlama
+
+    loaded = load_model("default", device="cpu", backend="hf")
+    hf = loaded.model.model
+    native = NativeLlama.from_hf(hf, loaded.name, max_length=1024)
+    prompt = loaded.tokenizer("Write a short story about a lighthouse keeper who finds a message in a bottle.").input_ids
+    n = 16 if args.smoke else 64
+    engine = Engine(native, NoDrafter(native.device))
+    config = GenerationConfig(max_new_tokens=n, k=1, ignore_eos=True)
+    ids = torch.tensor([prompt])
+    native_tps, hf_tps, same = [], [], True
+    with torch.inference_mode():
+        for _ in range(1 if args.smoke else 3):
+            gen = engine.generate(prompt, config)
+            native_tps.append(gen.stats.tokens_per_second)
+            t0 = time.perf_counter()
+            hf.generate(ids, max_new_tokens=1, do_sample=False)
+            t1 = time.perf_counter()
+            out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            t2 = time.perf_counter()
+            hf_tps.append((n - 1) / ((t2 - t1) - (t1 - t0)))
+            same = same and out[0, len(prompt):].tolist() == gen.token_ids
+    res = {"machine": machine_name(), "torch": torch.__version__, "model": loaded.name, "new_tokens": n,
+           "native_tokens_per_s": native_tps, "hf_generate_tokens_per_s": hf_tps,
+           "ratio_median": statistics.median(a / b for a, b in zip(native_tps, hf_tps)), "same_tokens": same,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out_path = Path(args.out_dir) / "gpu-cpu.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(res, indent=1))
+    print(f"CPU ({res['machine']}), {loaded.name}, {n} new tokens, greedy, A/B alternating:")
+    print(f"  native path (engine, no draft): {statistics.median(native_tps):6.1f} tok/s  {native_tps}")
+    print(f"  transformers generate():        {statistics.median(hf_tps):6.1f} tok/s  {hf_tps}")
+    print(f"  ratio native / generate:        {res['ratio_median']:6.2f}x   same tokens: {same}")
+    return 0
