@@ -9,6 +9,9 @@ import importlib
 
 BENCH_MODULES: list[str] = [
     # e.g. "specdec.bench.verify_cost"; each module adds its own subcommand
+    "specdec.bench.verify_cost",
+    "specdec.bench.sweep",
+    "specdec.bench.lookup",
 ]
 
 
