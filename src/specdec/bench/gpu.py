@@ -205,17 +205,22 @@ def section_oracle(target, draft, prompts, c: float, verify_ratio: dict, new_tok
         for p, cont in zip(prompts, continuations):
             oracle.remember(p.tolist(), cont)
         k_calc = best_k(alpha, c).k
+        ks = sorted({2, 3, 4, 5, 6, 8, 10, k_calc})
+        target.capture(*[k + 1 for k in ks])  # capture every graph before the clock runs
+        draft.capture(1, 2)
         rows = {}
-        for k in sorted({2, 3, 4, 5, 6, 8, 10, k_calc}):
+        for k in ks:
             res, _ = engine_run(target, oracle, prompts, new_tokens, k)
             res["predicted"] = expected_speedup(alpha, k, c)
             res["predicted_with_verify_cost"] = expected_speedup(alpha, k, c, verify_ratio.get(k + 1, 1.0))
+            res["predicted_at_measured_alpha"] = expected_speedup(res["alpha"], k, c)
             rows[k] = res
         again, _ = engine_run(target, NoDrafter(target.device), prompts, new_tokens, 1)
         plain_runs.append(again["tokens_per_s"])
         base = statistics.mean(plain_runs[-2:])  # the plain runs either side of this alpha's sweep
         for res in rows.values():
             res["speedup"] = res["tokens_per_s"] / base
+            res["within_10pct_of_formula"] = abs(res["speedup"] / res["predicted"] - 1) <= 0.10
         best = max(rows, key=lambda k: rows[k]["speedup"])
         out["alphas"][alpha] = {"k_calc": k_calc, "k_best": best, "plain_tokens_per_s": base, "by_k": rows}
     out["plain_tokens_per_s_runs"] = plain_runs
@@ -232,6 +237,7 @@ def section_identity(target, draft, prompts, new_tokens: int, k: int) -> dict:
                         pad_rows=EXACT_ROWS, compile=True)
     out = {"k": k, "prompts": len(prompts), "new_tokens": new_tokens, "oracle_alpha": 0.8}
     for label, model in (("default", target), ("exact", exact)):
+        model.capture(1, k + 1)
         plain, plain_ids = engine_run(model, NoDrafter(model.device), prompts, new_tokens, 1)
         oracle = OracleDrafter(model, 0.8, draft, horizon=new_tokens, seed=3)
         for p, ids in zip(prompts, plain_ids):
@@ -257,11 +263,18 @@ def section_logits(hf, target, prompt) -> dict:
     ref_steps = torch.cat([ref.forward(prompt[i:i + 1]) for i in range(len(prompt) - 8, len(prompt))])
     nat_steps = torch.cat([target.forward(prompt[i:i + 1]) for i in range(len(prompt) - 8, len(prompt))])
     ref.reset()
+    hf.float()  # an fp32 reference on the same weights (bf16 -> fp32 -> bf16 is lossless)
+    exact_prefill = ref.prefill(prompt[:-8])
+    exact_steps = torch.cat([ref.forward(prompt[i:i + 1]) for i in range(len(prompt) - 8, len(prompt))])
+    ref.reset()
+    hf.to(torch.bfloat16)
 
     def rel(a, b):
         return float((a - b).norm() / b.norm())
 
     return {"prefill_rel_err": rel(nat_prefill, ref_prefill), "decode_rel_err": rel(nat_steps, ref_steps),
+            "native_bf16_vs_fp32_rel_err": rel(torch.cat([nat_prefill, nat_steps]), torch.cat([exact_prefill, exact_steps])),
+            "hf_bf16_vs_fp32_rel_err": rel(torch.cat([ref_prefill, ref_steps]), torch.cat([exact_prefill, exact_steps])),
             "prefill_argmax_agree": float((nat_prefill.argmax(-1) == ref_prefill.argmax(-1)).float().mean()),
             "decode_argmax_agree": float((nat_steps.argmax(-1) == ref_steps.argmax(-1)).float().mean())}
 
@@ -289,6 +302,7 @@ def run_gpu(args) -> int:
     import torch
 
     from specdec.bench.scoreboard import machine_name
+    from specdec.drafters.none import NoDrafter
 
     if not torch.cuda.is_available():
         print("no CUDA device: run `specdec bench gpu --cpu` for the CPU comparison")
@@ -318,6 +332,8 @@ def run_gpu(args) -> int:
     ctx_prompt = random_prompts(1, args.context, target.vocab_size, seed=0)[0]
     save("logits_vs_hf", section_logits(hf, target, ctx_prompt[:128]))
     save("decode", section_decode(target, draft, ctx_prompt, res["copy_bandwidth_gbs"], smoke))
+    engine_plain, _ = engine_run(target, NoDrafter(target.device), [ctx_prompt], new_tokens, 1)
+    save("decode_through_engine_tps", engine_plain["tokens_per_s"])
     save("verify", section_verify_curve(target, draft, ctx_prompt, smoke))
     prompts = random_prompts(1 if smoke else 3, args.context, target.vocab_size, seed=1)
     save("oracle", section_oracle(target, draft, prompts, res["verify"]["c"], res["verify"]["ratio"], new_tokens))
@@ -348,7 +364,8 @@ def print_table(res: dict) -> None:
         f"card: {res['card']}  torch {res['torch']}  transformers {res['transformers']}  {res['date']}",
         f"copy bandwidth ceiling          {res['copy_bandwidth_gbs']:8.0f} GB/s",
         f"plain decode @ctx {d['context']:<5}        {d['tokens_per_s']:8.1f} tok/s  "
-        f"({d['ms_per_token']:.2f} ms, {d['fraction_of_ceiling']:.0%} of ceiling)",
+        f"({d['ms_per_token']:.2f} ms, {d['fraction_of_ceiling']:.0%} of ceiling; through the engine "
+        f"{res['decode_through_engine_tps']:.1f} tok/s)",
         f"verify(8)/verify(1)             {v['ratio'][8]:8.3f}   (16: {v['ratio'][16]:.2f}, 32: {v['ratio'][32]:.2f},"
         f" 64: {v['ratio'][64]:.2f})",
         f"c = draft step / target step    {v['c']:8.3f}   ({v['draft_step_ms']:.3f} / {v['step_ms'][1]:.3f} ms)",
@@ -365,7 +382,8 @@ def print_table(res: dict) -> None:
         lines.append(f"HF generate static+compile      {static if isinstance(static, str) else f'{static:8.1f} tok/s'}")
     lg = res["logits_vs_hf"]
     lines.append(f"bf16 logits vs HF: rel err prefill {lg['prefill_rel_err']:.2e} decode {lg['decode_rel_err']:.2e},"
-                 f" argmax agree {lg['decode_argmax_agree']:.0%}")
+                 f" argmax agree {lg['decode_argmax_agree']:.0%}; vs fp32: native {lg['native_bf16_vs_fp32_rel_err']:.2e}"
+                 f" HF {lg['hf_bf16_vs_fp32_rel_err']:.2e}")
     for mode in ("default", "exact"):
         m = ident[mode]
         lines.append(f"greedy identity ({mode:7}): {m['identity_rate']:.0%} of {ident['prompts']} prompts, "
