@@ -1,0 +1,101 @@
+"""The web view in headless Chromium (Debian's package, driven by Python playwright; no browser download).
+
+Saves a screenshot of each panel as webview-*.png in $SPECDEC_SCREENSHOT_DIR (docs/img to refresh the
+docs' pictures) or else in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.server_tiny_model import shared_server
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+IMG_DIR = Path(os.environ.get("SPECDEC_SCREENSHOT_DIR") or Path(tempfile.gettempdir()) / "specdec-webview")
+
+
+@pytest.fixture(scope="module")
+def page():
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.skip("Debian's chromium is not installed (make install runs scripts/install-chromium.sh as root)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    server = shared_server("--max-queue", "2")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1320, "height": 900})
+        page.goto(server.url + "/")
+        yield page
+        browser.close()
+
+
+def shoot(page, selector: str, name: str) -> None:
+    IMG_DIR.mkdir(parents=True, exist_ok=True)
+    page.locator(selector).screenshot(path=str(IMG_DIR / f"webview-{name}.png"))
+
+
+def test_page_loads_with_the_served_drafters(page):
+    assert page.title().startswith("specdec")
+    page.wait_for_function("document.querySelectorAll('#draft option').length >= 3")
+    options = page.locator("#draft option").all_inner_texts()
+    assert "none" in options and "lookup" in options
+
+
+def test_prompt_streams_tokens_coloured_by_origin(page):
+    page.fill("#prompt", "hello what is the draft token")
+    page.fill("#temperature", "1")
+    page.fill("#max-tokens", "60")
+    page.click("#generate")
+    page.wait_for_function("document.body.dataset.done === '1'", timeout=60_000)
+    assert page.locator("#error").is_hidden()
+    spans = page.locator("#output span.tok")
+    assert spans.count() > 0
+    classes = set(page.eval_on_selector_all("#output span.tok", "els => els.map(e => e.classList[1])"))
+    assert classes <= {"accepted", "recovered", "bonus"} and "accepted" in classes
+    assert spans.first.get_attribute("title").startswith("round ")
+    alpha = float(page.inner_text("#stat-alpha"))
+    assert 0.0 <= alpha <= 1.0 and float(page.inner_text("#stat-tau")) >= 1.0
+    shoot(page, "#live", "live")
+
+
+def chi_square_after_10k(page) -> float:
+    page.click("#toy-many")
+    return float(page.get_attribute("#toy-chi2", "data-value"))
+
+
+def test_toy_chi_square_is_small_and_the_bug_makes_it_explode(page):
+    page.select_option("#toy-preset", "far")
+    page.click("#toy-one")
+    assert "draft proposed" in page.inner_text("#toy-trace")
+    correct = chi_square_after_10k(page)
+    assert correct < 40  # 5 degrees of freedom: above 40 has odds of about 1e-7 when exact
+    page.check("#toy-bug")
+    buggy = chi_square_after_10k(page)
+    assert buggy > 500
+    page.uncheck("#toy-bug")
+    chi_square_after_10k(page)  # the screenshot shows the exact sampler
+    page.fill("#toy-mix", "0.3")
+    page.dispatch_event("#toy-mix", "input")
+    page.click("#toy-one")
+    shoot(page, "#toy", "toy")
+
+
+def test_speedup_calculator_follows_the_formula(page):
+    page.fill("#calc-alpha", "0.8")
+    page.dispatch_event("#calc-alpha", "input")
+    page.fill("#calc-k", "4")
+    page.dispatch_event("#calc-k", "input")
+    page.fill("#calc-c", "0.05")
+    page.dispatch_event("#calc-c", "input")
+    from specdec.speedup import best_k, expected_speedup, expected_tokens_per_round
+
+    assert page.inner_text("#calc-tau") == f"{expected_tokens_per_round(0.8, 4):.2f}"
+    assert page.inner_text("#calc-speedup") == f"{expected_speedup(0.8, 4, 0.05):.2f}x"
+    assert page.inner_text("#calc-best").startswith(f"{best_k(0.8, 0.05).k} ")
+    shoot(page, "#calc", "calc")
