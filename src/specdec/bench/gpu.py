@@ -326,7 +326,7 @@ def run_gpu(args) -> int:
 
     save("copy_bandwidth_gbs", copy_bandwidth(0.5 if smoke else 4.0, 5 if smoke else 20))
     new_tokens = 16 if smoke else args.new_tokens
-    hf, target, draft = build_models(smoke, max_length=args.context + new_tokens + 128)
+    hf, target, draft = build_models(smoke, max_length=args.context + max(new_tokens, 256) + 128)
     save("params", {"target": sum(p.numel() for p in target.net.parameters()),
                     "draft": sum(p.numel() for p in draft.net.parameters())})
     ctx_prompt = random_prompts(1, args.context, target.vocab_size, seed=0)[0]
