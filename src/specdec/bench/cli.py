@@ -12,6 +12,7 @@ BENCH_MODULES: list[str] = [
     "specdec.bench.verify_cost",
     "specdec.bench.sweep",
     "specdec.bench.lookup",
+    "specdec.bench.serve",
 ]
 
 

@@ -44,6 +44,9 @@ class ServerMetrics:
                                         "Draft tokens accepted at each position of a round.",
                                         labels + ["position"], registry=r)
         self.model = model_name
+        for counter in (self.prompt_tokens, self.generation_tokens, self.num_drafts, self.num_draft_tokens,
+                        self.num_accepted):
+            counter.labels(model_name)  # show 0 from the start, so that readers can take differences
 
     def set_queue(self, running: int, waiting: int) -> None:
         self.running.labels(self.model).set(running)
