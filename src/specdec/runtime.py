@@ -61,9 +61,13 @@ def build_runtime(target: str = "default", draft: str = "lookup", device: str | 
     return Runtime(loaded, drafter, engine_for(loaded, drafter))
 
 
-def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+def require_prompt(prompt: str) -> None:
     if not prompt or not prompt.strip():
         raise InvalidRequestError("the prompt is empty: give some text to continue")
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = True) -> list[int]:
+    require_prompt(prompt)
     if chat and getattr(tokenizer, "chat_template", None):
         return _template_ids(tokenizer, [{"role": "user", "content": prompt}])
     return tokenizer(prompt, add_special_tokens=True)["input_ids"]

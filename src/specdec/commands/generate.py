@@ -30,9 +30,10 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from specdec.drafters import NoDrafter
     from specdec.engine import GenerationConfig
-    from specdec.runtime import build_runtime, cut_at_stop
+    from specdec.runtime import build_runtime, cut_at_stop, require_prompt
 
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    require_prompt(prompt)  # before the model loads: a bad request should cost nothing
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling_params(args),
                               stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype, backend=args.backend)

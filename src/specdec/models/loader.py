@@ -51,7 +51,34 @@ def resolve(name: str) -> tuple[str, dict]:
         return str(path.parent), {"gguf_file": path.name}
     if path.exists() and not path.is_dir():
         raise ModelLoadError(f"{name} is a file but not a .gguf; give a model directory, a .gguf file or a hub id")
+    if not path.exists():
+        if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+            raise ModelLoadError(f"model path not found: {name}")
+        _check_hub_id(name)
     return name, {}
+
+
+def _check_hub_id(name: str) -> None:
+    """Fail fast, with a plain message, when a hub id is neither cached nor downloadable.
+
+    Without this, an unreachable hub costs a minute of retries before transformers gives up.
+    """
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false"):
+        raise ModelLoadError(f"unknown model {name!r}: not a local path, and not in the hub cache (offline mode)")
+    host = urlparse(constants.ENDPOINT).hostname or ""
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError:
+        raise ModelLoadError(f"unknown model {name!r}: not a local path, not in the hub cache, and the "
+                             f"hub ({host}) cannot be reached to download it") from None
 
 
 BACKENDS = ("auto", "native", "hf")

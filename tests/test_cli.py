@@ -1,0 +1,106 @@
+"""The CLI: JSON output, --compare, calc, and bad input answered with one clear line and exit 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specdec.cli import main
+from tests.helpers_tiny import WORDS, tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli-models")
+    return {
+        "target": str(tiny_model_dir(root / "target", seed=0)),
+        "draft": str(tiny_model_dir(root / "draft", seed=1, layers=1)),
+        "other": str(tiny_model_dir(root / "other", seed=2, words=list(reversed(WORDS)))),
+    }
+
+
+def run_json(capsys, *args):
+    assert main(["generate", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_generate_json_has_text_ids_and_stats(capsys, tiny_dirs):
+    out = run_json(capsys, "--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "-k", "3",
+                   "--max-new-tokens", "12", "--ignore-eos", "write a short story about the sea")
+    stats = out["stats"]
+    assert len(out["token_ids"]) == 12 and isinstance(out["text"], str)
+    for field in ("rounds", "drafted", "accepted", "acceptance_rate", "tokens_per_round", "tokens_per_second"):
+        assert field in stats
+    assert 0.0 <= stats["acceptance_rate"] <= 1.0 and stats["tokens_per_round"] >= 1.0
+
+
+@pytest.mark.parametrize("draft", ["lookup", "draft", "none"])
+def test_compare_reports_identical_greedy_tokens(capsys, tiny_dirs, draft):
+    out = run_json(capsys, "--target", tiny_dirs["target"], "--draft", tiny_dirs.get(draft, draft),
+                   "--max-new-tokens", "16", "--ignore-eos", "--compare", "the cat and the dog and the cat")
+    assert out["compare"]["identical"] is True
+    assert out["compare"]["plain_token_ids"] == out["token_ids"]
+
+
+def test_same_seed_same_sampled_tokens(capsys, tiny_dirs):
+    args = ["--target", tiny_dirs["target"], "--draft", tiny_dirs["draft"], "--temperature", "1",
+            "--seed", "7", "--max-new-tokens", "12", "--ignore-eos", "the sun"]
+    assert run_json(capsys, *args)["token_ids"] == run_json(capsys, *args)["token_ids"]
+
+
+def test_streamed_output_and_stats_table(capsys, tiny_dirs):
+    assert main(["generate", "--target", tiny_dirs["target"], "--max-new-tokens", "8", "--ignore-eos",
+                 "--raw", "the moon"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens per round" in out and "acceptance rate" in out
+
+
+def test_calc_marks_best_k(capsys):
+    assert main(["calc", "--alpha", "0.8", "--k", "4", "--c", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "<- best" in out and "expected speedup" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "   "], "prompt is empty"),
+    (["generate", "--target", "/no/such/model", "hi"], "model path not found"),
+    (["generate", "--target", "not-a-model.gguf", "hi"], "GGUF file not found"),
+    (["calc", "--alpha", "1.5", "--c", "0.1"], "alpha must be in [0, 1]"),
+])
+def test_bad_input_is_one_clear_line(capsys, args, message):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_tokenizer_mismatch_is_refused(capsys, tiny_dirs):
+    assert main(["generate", "--target", tiny_dirs["target"], "--draft", tiny_dirs["other"], "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "does not share" in err and tiny_dirs["other"] in err and tiny_dirs["target"] in err
+
+
+def test_skipping_the_vocabulary_check_is_caught(tiny_dirs):
+    """The classic bug 'a draft with another tokenizer' gets past make_drafter only when the check is off."""
+    from specdec import faults
+    from specdec.drafters import make_drafter
+    from specdec.errors import VocabularyMismatchError
+    from specdec.models.loader import load_model
+
+    target = load_model(tiny_dirs["target"])
+    with pytest.raises(VocabularyMismatchError):
+        make_drafter(tiny_dirs["other"], target)
+    with faults.inject("skip-vocab-check"):
+        make_drafter(tiny_dirs["other"], target)  # no error: the check is what catches it
+
+
+def test_unknown_draft_name(capsys, tiny_dirs):
+    assert main(["generate", "--target", tiny_dirs["target"], "--draft", "./no-such-draft", "hi"]) == 2
+    assert "unknown draft" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["-k", "0"], ["--max-new-tokens", "0"], ["-k", "two"]])
+def test_out_of_range_flags_exit_2_without_traceback(flag):
+    proc = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", *flag, "hi"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "-" in proc.stderr
