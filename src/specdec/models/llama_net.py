@@ -38,12 +38,15 @@ def layer_step(
     wo: torch.Tensor, bo: torch.Tensor | None, ffn_norm: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
     cos: torch.Tensor, sin: torch.Tensor, kv_len: int, n_heads: int, n_kv_heads: int, eps: float,
+    math_attention: bool = False,
 ) -> torch.Tensor:
     """One decoder layer on x [n, D]; writes this step's k, v into the cache at `pos` [n].
 
     A pure function of tensors (the weights are arguments), so that torch.compile traces it once
-    and every layer reuses the same kernels. mask: [G*n, kv_len] bool (True = may attend), or None
-    when every cached slot up to kv_len may be seen (a single token).
+    and every layer reuses the same kernels. mask: [G*n, kv_len] additive (0 where the row may
+    attend, -inf elsewhere; built once per step, not per layer), or None when every cached slot up
+    to kv_len may be seen (a single token). math_attention: softmax(q k^T) v as plain matmuls
+    instead of the fused SDPA kernel.
     """
     n = x.shape[0]
     hd = k_cache.shape[-1]
@@ -56,7 +59,14 @@ def layer_step(
     v_cache[:, pos] = v.view(n, n_kv_heads, hd).transpose(0, 1)
     # GQA without copying the cache: the G query heads of a KV head become G*n query rows.
     q = q.view(n, n_kv_heads, group, hd).permute(1, 2, 0, 3).reshape(1, n_kv_heads, group * n, hd)
-    out = F.scaled_dot_product_attention(q, k_cache[None, :, :kv_len], v_cache[None, :, :kv_len], attn_mask=mask)
+    keys, values = k_cache[None, :, :kv_len], v_cache[None, :, :kv_len]  # [1, Hkv, kv_len, hd]
+    if math_attention:
+        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * hd ** -0.5  # [1, Hkv, G*n, kv_len]
+        if mask is not None:
+            scores = scores + mask
+        out = torch.matmul(scores.softmax(-1).to(q.dtype), values)
+    else:
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
     out = out.view(n_kv_heads, group, n, hd).permute(2, 0, 1, 3).reshape(n, n_heads * hd)
     h = x + F.linear(out, wo, bo)
     gate, up = F.linear(rms_norm(h, ffn_norm, eps), w13).chunk(2, dim=-1)  # [n, I] each
@@ -101,6 +111,7 @@ class LlamaNet(nn.Module):
         self.register_buffer("cos", torch.empty(slots, arch.head_dim), persistent=False)  # [S, hd]
         self.register_buffer("sin", torch.empty(slots, arch.head_dim), persistent=False)
         self.layer_fn = layer_step  # replaced by a compiled version for CUDA graphs
+        self.math_attention = False
 
     @torch.no_grad()
     def reset_buffers(self) -> None:
@@ -124,7 +135,7 @@ class LlamaNet(nn.Module):
         cos, sin = self.cos[pos], self.sin[pos]  # [n, hd]
         for layer in self.layers:
             x = layer_fn(x, *layer.weights(), layer.k_cache, layer.v_cache, pos, mask, cos, sin,
-                         kv_len, a.n_heads, a.n_kv_heads, a.norm_eps)
+                         kv_len, a.n_heads, a.n_kv_heads, a.norm_eps, self.math_attention)
         hidden = rms_norm(x, self.norm, a.norm_eps)  # [n, D]
         return F.linear(hidden, self.lm_weight()), hidden  # [n, V], [n, D]
 
@@ -135,14 +146,19 @@ class LlamaNet(nn.Module):
         pos = self.slot_ids[start:kv_len]
         mask = None
         if n > 1:  # causal within the new tokens; everything cached before them is visible
-            mask = (self.slot_ids[:kv_len][None, :] <= pos[:, None]).repeat(self.arch.group, 1)
+            mask = self._additive_mask(pos, self.slot_ids[:kv_len])
         return self._run(tokens, pos, mask, kv_len, layer_step)
 
     def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Fixed shapes for CUDA graphs: tokens, pos [n] (device tensors); attends over all S slots
         with a mask built on the device, so the host never has to say how long the cache is."""
-        mask = (self.slot_ids[None, :] <= pos[:, None]).repeat(self.arch.group, 1)  # [G*n, S]
-        return self._run(tokens, pos, mask, self.slots, self.layer_fn)
+        return self._run(tokens, pos, self._additive_mask(pos, self.slot_ids), self.slots, self.layer_fn)
+
+    def _additive_mask(self, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """[G*n, len(slots)]: 0 where the row's position may see the slot (slot <= pos), else -inf."""
+        visible = slots[None, :] <= pos[:, None]  # [n, L]
+        mask = torch.zeros(visible.shape, dtype=self.cos.dtype, device=pos.device)
+        return mask.masked_fill_(~visible, float("-inf")).repeat(self.arch.group, 1)
 
 
 def build_net(arch: LlamaArch, slots: int, device: torch.device, dtype: torch.dtype) -> LlamaNet:

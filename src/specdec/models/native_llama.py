@@ -33,8 +33,8 @@ class _StepGraph:
     which lets the CPU tests check the padded-row and device-mask logic the graphs rely on.
     """
 
-    def __init__(self, net: LlamaNet, rows: int):
-        self.net = net
+    def __init__(self, net: LlamaNet, rows: int, step_fn=None):
+        self.step_fn = step_fn or net.forward_static
         device = net.slot_ids.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         # Warm-up runs really execute: point them at the last slots, which no real token uses.
@@ -46,15 +46,15 @@ class _StepGraph:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile and autotune outside the capture
             for _ in range(2):
-                net.forward_static(self.tokens, self.pos)
+                self.step_fn(self.tokens, self.pos)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits, self.hidden = net.forward_static(self.tokens, self.pos)  # [rows, V], [rows, D]
+            self.logits, self.hidden = self.step_fn(self.tokens, self.pos)  # [rows, V], [rows, D]
 
     def replay(self) -> None:
         if self.graph is None:
-            self.logits, self.hidden = self.net.forward_static(self.tokens, self.pos)
+            self.logits, self.hidden = self.step_fn(self.tokens, self.pos)
         else:
             self.graph.replay()
 
@@ -63,7 +63,7 @@ class NativeLlama(CausalLM):
     """A Llama-family model with a static KV cache of `max_length` tokens (batch 1)."""
 
     def __init__(self, net: LlamaNet, name: str, max_length: int, cuda_graphs: bool | None = None,
-                 compile: bool = True, max_graph_rows: int = 17, pad_rows: int = 0):
+                 compile: bool | str = True, max_graph_rows: int = 17, pad_rows: int = 0):
         self.net = net.eval()
         self.arch = net.arch
         self.name = name
@@ -75,7 +75,8 @@ class NativeLlama(CausalLM):
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self.max_graph_rows = max(max_graph_rows, pad_rows)
         self.pad_rows = pad_rows
-        self._compile = compile
+        self._compile = compile  # True/"layer": compile the layer function; "step": the whole step
+        self._step_fn = None
         self._graphs: dict[int, _StepGraph] = {}
         self._len = 0
 
@@ -149,9 +150,10 @@ class NativeLlama(CausalLM):
 
     def _graph(self, rows: int) -> _StepGraph:
         if rows not in self._graphs:
-            if self._compile and self.device.type == "cuda" and self.net.layer_fn is layer_step:
+            compiled = self._step_fn is not None if self._compile == "step" else self.net.layer_fn is not layer_step
+            if self._compile and self.device.type == "cuda" and not compiled:
                 self._try_compile(rows)
-            self._graphs[rows] = _StepGraph(self.net, rows)
+            self._graphs[rows] = _StepGraph(self.net, rows, self._step_fn)
         return self._graphs[rows]
 
     def _try_compile(self, rows: int) -> None:
@@ -163,14 +165,17 @@ class NativeLlama(CausalLM):
         for knob in ("recompile_limit", "cache_size_limit"):
             if hasattr(dynamo_config, knob):
                 setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 32))
-        compiled = torch.compile(layer_step, fullgraph=True)
-        self.net.layer_fn = compiled
+        if self._compile == "step":  # one graph for all layers: fuses across layer boundaries too
+            self._step_fn = torch.compile(self.net.forward_static, fullgraph=True)
+        else:
+            self.net.layer_fn = torch.compile(layer_step, fullgraph=True)
         try:
             tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
-            self.net.forward_static(tokens, self.net.slot_ids[self.net.slots - rows:])
+            (self._step_fn or self.net.forward_static)(tokens, self.net.slot_ids[self.net.slots - rows:])
         except Exception as exc:  # noqa: BLE001 - any compiler failure means: run uncompiled
             log.warning("torch.compile failed (%s); CUDA graphs run the eager layers", str(exc).splitlines()[0])
             self.net.layer_fn = layer_step
+            self._step_fn = None
             self._compile = False
 
 
