@@ -58,3 +58,26 @@ def tiny_model_dir(path: str | Path, seed: int = 0, layers: int = 2, hidden: int
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def run_bench(argv: list[str], out_dir: Path) -> tuple[int, dict]:
+    """Run `specdec bench ...` through the CLI entry point; returns (exit code, the JSON it saved)."""
+    import json
+
+    from specdec.cli import main
+
+    # One thread: tiny matmuls gain nothing from more, and a busy CPU makes OpenMP barriers very slow.
+    code = main(["bench", *argv, "--threads", "1", "--out-dir", str(out_dir),
+                 "--scoreboard", str(out_dir / "SCOREBOARD.md")])
+    saved = sorted(Path(out_dir).glob(f"{argv[0]}-*.json"))
+    return code, (json.loads(saved[-1].read_text()) if saved else {})
+
+
+def assert_png(path: str | Path) -> None:
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+
+
+def scoreboard_rows(out_dir: Path) -> list[str]:
+    board = Path(out_dir) / "SCOREBOARD.md"
+    return [line for line in board.read_text().splitlines() if line.startswith("| 20")] if board.exists() else []

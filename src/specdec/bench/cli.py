@@ -12,6 +12,8 @@ BENCH_MODULES: list[str] = [
     "specdec.bench.verify_cost",
     "specdec.bench.sweep",
     "specdec.bench.lookup",
+    "specdec.bench.exactness",
+    "specdec.bench.specbench",
     "specdec.bench.serve",
 ]
 

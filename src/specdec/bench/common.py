@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,7 +200,7 @@ def print_table(title: str, columns: list[str], rows: list[list], note: str | No
         table.add_column(name, justify="left" if i == 0 else "right")
     for row in rows:
         table.add_row(*(_fmt(v) for v in row))
-    console = Console(highlight=False)
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)  # no wrapping in logs
     console.print(table)
     if note:
         console.print(note)

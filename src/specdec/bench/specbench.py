@@ -1,0 +1,169 @@
+"""`specdec bench specbench`: Spec-Bench (Xia et al. 2024) prompts, greedy, batch 1, as Spec-Bench reports.
+
+First turn of each question through the chat template; per category and overall: mean tokens per
+round (tau, "mean accepted tokens" in Spec-Bench, counting the bonus/recovered token) and speedup of
+the draft over plain decoding through the same engine (alternating which runs first).
+`--hf-baseline` also times transformers' `model.generate()` (greedy, same prompts, same limits) on
+the same target weights, to compare plain decoding through the engine with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from specdec.commands import positive_int
+
+QUESTIONS = Path(__file__).resolve().parent.parent / "data" / "spec_bench" / "question.jsonl"
+
+
+def register(sub) -> None:
+    from specdec.bench.common import add_bench_flags
+
+    p = sub.add_parser("specbench", help="Spec-Bench: tau and speedup per category (greedy, batch 1)",
+                       description="Spec-Bench questions (first turn), greedy: tau and speedup by category.")
+    add_bench_flags(p, draft_default="lookup")
+    p.add_argument("-k", "--num-draft-tokens", type=positive_int, default=5, dest="k",
+                   help="K, draft tokens per round (default: %(default)s)")
+    p.add_argument("--per-category", type=positive_int, default=1,
+                   help="first N questions of each category (default: %(default)s; 80 = all of the big ones)")
+    p.add_argument("--categories", default=None, help="comma-separated categories (default: all 13)")
+    p.add_argument("--questions", default=str(QUESTIONS), help="question.jsonl (default: the shipped copy)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128, help="(default: %(default)s)")
+    p.add_argument("--hf-baseline", action="store_true",
+                   help="also time transformers model.generate() (greedy) on the same target")
+    p.set_defaults(func=run)
+
+
+def load_questions(path: str, per_category: int, categories: str | None) -> list[dict]:
+    """The first `per_category` questions of each category, in file order."""
+    from specdec.errors import InvalidRequestError
+
+    file = Path(path)
+    if not file.is_file():
+        raise InvalidRequestError(f"Spec-Bench question file not found: {path}")
+    rows = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
+    wanted = None if not categories else {c.strip() for c in categories.split(",") if c.strip()}
+    known = {r["category"] for r in rows}
+    if wanted and wanted - known:
+        raise InvalidRequestError(f"unknown categories {sorted(wanted - known)}; known: {sorted(known)}")
+    taken: dict[str, int] = {}
+    chosen = []
+    for row in rows:
+        cat = row["category"]
+        if (wanted is None or cat in wanted) and taken.get(cat, 0) < per_category:
+            taken[cat] = taken.get(cat, 0) + 1
+            chosen.append(row)
+    return chosen
+
+
+class HFGenerate:
+    """transformers' own greedy generate() on the target's weights: the reference plain decoder."""
+
+    def __init__(self, target, args):
+        from transformers import PreTrainedModel
+
+        model = getattr(target.model, "model", None)
+        if not isinstance(model, PreTrainedModel):  # another backend: load the same weights through transformers
+            from specdec.models.loader import load_model
+
+            model = load_model(args.target, device=args.device, dtype=args.dtype).model.model
+        from specdec.runtime import eos_ids
+
+        self.model = model
+        self.eos = sorted(eos_ids(target)) or None
+
+    def generate(self, ids: list[int], max_new_tokens: int) -> tuple[int, float]:
+        """(tokens generated, seconds from prompt to last token)."""
+        import torch
+
+        x = torch.tensor([ids], device=self.model.device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                      do_sample=False, eos_token_id=self.eos,
+                                      pad_token_id=self.eos[0] if self.eos else None)
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+        return int(out.shape[1] - x.shape[1]), time.perf_counter() - start
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdec.bench.common import RunTotals, load_target, progress, runtime_pair
+    from specdec.engine import GenerationConfig
+
+    questions = load_questions(args.questions, args.per_category, args.categories)
+    target = load_target(args)
+    plain, spec = runtime_pair(target, args.draft)
+    hf = HFGenerate(target, args) if args.hf_baseline else None
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k)
+    totals: dict[str, dict] = {}
+    for i, q in enumerate(progress(questions, desc=f"specbench ({args.draft})")):
+        ids = plain.encode(q["turns"][0])
+        bucket = totals.setdefault(q["category"], {"n": 0, "plain": RunTotals(), "spec": RunTotals(), "hf": [0, 0.0]})
+        bucket["n"] += 1
+        jobs = ["plain", "spec"] + (["hf"] if hf else [])
+        shift = i % len(jobs)  # rotate which runs first: A/B alternation
+        for job in jobs[shift:] + jobs[:shift]:
+            if job == "hf":
+                n, seconds = hf.generate(ids, args.max_new_tokens)
+                bucket["hf"][0] += n
+                bucket["hf"][1] += seconds
+            else:
+                runtime = plain if job == "plain" else spec
+                bucket[job].add(runtime.engine.generate(ids, config).stats)
+    report(args, target, spec, totals, hf is not None)
+    return 0
+
+
+def _row(name: str, n: int, plain, spec, hf: list | None) -> dict:
+    from specdec.bench.common import speedup
+
+    plain_e2e = plain.generated / (plain.decode_time + plain.prefill_time) if plain.generated else 0.0
+    row = {"category": name, "questions": n, "tau": spec.tau, "alpha": spec.alpha,
+           "plain_tokens_per_second": plain.tokens_per_second, "tokens_per_second": spec.tokens_per_second,
+           "speedup": speedup(spec, plain), "plain_end_to_end_tokens_per_second": plain_e2e}
+    if hf is not None:
+        hf_rate = hf[0] / hf[1] if hf[1] else 0.0
+        row.update(hf_tokens_per_second=hf_rate, plain_vs_hf=plain_e2e / hf_rate if hf_rate else None)
+    return row
+
+
+def report(args, target, spec, totals: dict, with_hf: bool) -> None:
+    from specdec.bench.common import RunTotals, finish, new_figure, precision_of, print_table, save_plot
+    from specdec.bench.scoreboard import ScoreRow
+
+    rows, all_plain, all_spec, all_hf, count = [], RunTotals(), RunTotals(), [0, 0.0], 0
+    for cat, b in totals.items():
+        rows.append(_row(cat, b["n"], b["plain"], b["spec"], b["hf"] if with_hf else None))
+        all_plain.merge(b["plain"])
+        all_spec.merge(b["spec"])
+        all_hf[0] += b["hf"][0]
+        all_hf[1] += b["hf"][1]
+        count += rows[-1]["questions"]
+    overall = _row("overall", count, all_plain, all_spec, all_hf if with_hf else None)
+    columns = ["category", "n", "tau", "plain tok/s", f"{spec.drafter.name} tok/s", "speedup"]
+    if with_hf:
+        columns += ["plain e2e tok/s", "HF generate() tok/s", "plain/HF"]
+    print_table(f"Spec-Bench: {target.name} + {spec.drafter.name}, K={args.k}, greedy, "
+                f"{args.max_new_tokens} new tokens max", columns,
+                [[r["category"], r["questions"], r["tau"], r["plain_tokens_per_second"], r["tokens_per_second"],
+                  r["speedup"]] + ([r["plain_end_to_end_tokens_per_second"], r["hf_tokens_per_second"],
+                                    r["plain_vs_hf"]] if with_hf else []) for r in rows + [overall]],
+                note="tok/s: decode only (prefill excluded); e2e and HF: prompt to last token")
+    fig, ax = new_figure(7, 4)
+    ax.bar([r["category"] for r in rows], [r["speedup"] for r in rows], color="tab:green")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title(f"Spec-Bench, {spec.drafter.name} (K={args.k}) on {target.name}")
+    ax.tick_params(axis="x", labelrotation=45)
+    plot = save_plot(fig, args.out_dir, "specbench")
+    data = {"command": "specbench", "target": target.name, "draft": spec.drafter.name, "k": args.k,
+            "precision": precision_of(target), "max_new_tokens": args.max_new_tokens,
+            "per_category": args.per_category, "categories": rows, "overall": overall, "plot": str(plot)}
+    finish(args, "specbench", data, ScoreRow(
+        target=target.name, draft=spec.drafter.name, k=str(args.k), precision=data["precision"],
+        tokens_per_second=overall["tokens_per_second"], speedup=overall["speedup"], tau=overall["tau"],
+        alpha=overall["alpha"]))

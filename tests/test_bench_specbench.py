@@ -1,0 +1,36 @@
+"""`specdec bench specbench` at a tiny size, with the transformers generate() baseline."""
+
+import json
+
+from specdec.bench.specbench import QUESTIONS, load_questions
+from tests.helpers_tiny import assert_png, run_bench, scoreboard_rows, tiny_model_dir
+
+
+def test_shipped_questions_are_spec_bench():
+    rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines()]
+    assert len(rows) == 480 and len({r["category"] for r in rows}) == 13
+    assert (QUESTIONS.parent / "LICENSE").exists()
+
+
+def test_per_category_takes_the_first_n_of_each():
+    chosen = load_questions(str(QUESTIONS), 2, "rag,summarization")
+    assert [q["category"] for q in chosen].count("rag") == 2 and len(chosen) == 4
+
+
+def test_specbench_reports_categories_overall_and_hf_baseline(tmp_path):
+    target = tiny_model_dir(tmp_path / "target", seed=0, layers=1)
+    code, data = run_bench(["specbench", "--target", str(target), "--categories", "summarization,writing",
+                            "--max-new-tokens", "6", "--hf-baseline"], tmp_path / "out")
+    assert code == 0
+    assert [row["category"] for row in data["categories"]] == ["writing", "summarization"]
+    for row in data["categories"] + [data["overall"]]:
+        assert row["tau"] >= 1.0 and row["speedup"] > 0
+        assert row["hf_tokens_per_second"] > 0 and row["plain_vs_hf"] > 0
+    assert data["overall"]["questions"] == 2
+    assert_png(data["plot"])
+    assert len(scoreboard_rows(tmp_path / "out")) == 1
+
+
+def test_unknown_category_is_one_line_error(tmp_path, capsys):
+    code, _ = run_bench(["specbench", "--categories", "poetry"], tmp_path / "out")
+    assert code == 2 and "unknown categories" in capsys.readouterr().err
