@@ -111,10 +111,12 @@ class LlamaNet(nn.Module):
         self.register_buffer("cos", torch.empty(slots, arch.head_dim), persistent=False)  # [S, hd]
         self.register_buffer("sin", torch.empty(slots, arch.head_dim), persistent=False)
         self.layer_fn = layer_step  # replaced by a compiled version for CUDA graphs
-        # Fixed-shape steps (n <= a few dozen rows) attend with plain matmuls: on an H200 that is
-        # 10-15% faster per step than the fused SDPA kernel with a mask (benchmarks/gpu_variants.py);
-        # long prefills keep SDPA, which never materialises the [n, n] scores.
-        self.math_attention = True
+        # True: fixed-shape steps attend with plain matmuls, 10-15% faster per step on an H200 than
+        # SDPA with a mask (benchmarks/gpu_variants.py), but the matmul kernels change with the
+        # number of rows, so verify and single-token logits differ in bf16 and greedy speculative
+        # output drifts from plain output; use it with pad_rows (fixed rows). SDPA rows do not
+        # depend on the row count. Long prefills always use SDPA (no [n, n] scores).
+        self.math_attention = False
 
     @torch.no_grad()
     def reset_buffers(self) -> None:
