@@ -158,6 +158,7 @@ def report(args, target, spec, results: dict, temperatures: list[float]) -> None
         ax.plot(ks, [r["predicted_speedup"] for r in rows], linestyle="--", color=line.get_color(),
                 label=f"predicted, T={temperature:g}")
     ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(args.ks)
     ax.set_xlabel("K (draft tokens per round)")
     ax.set_ylabel("speedup over plain decoding")
     ax.set_title(f"{target.name} + {spec.drafter.name}")
