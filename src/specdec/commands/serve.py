@@ -27,6 +27,8 @@ def register(sub) -> None:
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the target's name)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to finish requests in flight (default: %(default)s)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 is faster on a busy small CPU)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
 
@@ -54,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
 
     from specdec.server.app import create_app
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     state = build_state(args)
     print(f"specdec: serving {state.config.model_name!r} (draft {args.draft}, K={args.k}) "
           f"at http://{args.host}:{args.port}/ ; API at /v1", flush=True)
