@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "specdec.commands.generate",
     "specdec.commands.calc",
     "specdec.commands.serve",
+    "specdec.commands.train_draft",
     "specdec.bench.cli",
 ]
 

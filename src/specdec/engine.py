@@ -184,9 +184,10 @@ class Engine:
         generator = params.make_generator(self.target.device)
         clock = _Clock(self.target.device)
         self.target.reset()
-        if len(context) > 1:
-            self.target.forward(self._tensor(context[:-1]))
+        features = self._target_pass(self._tensor(context[:-1]))[1] if len(context) > 1 else None
         self.drafter.begin(context)
+        if features is not None:
+            self.drafter.observe(features)
         stats.prefill_time = clock.lap()
         prompt_len = len(context)
         text_checked = 0
@@ -223,10 +224,20 @@ class Engine:
 
     def _verify(self, pending: int, draft_tokens, q, params: SamplingParams, generator) -> Verdict:
         """One target pass over [pending, drafts...] and the rejection rule."""
-        logits = self.target.forward(torch.cat([self._tensor([pending]), draft_tokens]))  # [k+1, V]
+        logits, features = self._target_pass(torch.cat([self._tensor([pending]), draft_tokens]))  # [k+1, V]
         if params.greedy:
-            return verify_greedy(logits.argmax(-1), draft_tokens)
-        return verify_sampled(warp_logits(logits, params), draft_tokens, q, generator)
+            verdict = verify_greedy(logits.argmax(-1), draft_tokens)
+        else:
+            verdict = verify_sampled(warp_logits(logits, params), draft_tokens, q, generator)
+        if features is not None:  # the pending token and the kept drafts are now part of the text
+            self.drafter.observe(features[: verdict.num_accepted + 1])
+        return verdict
+
+    def _target_pass(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Target forward over tokens [n]: logits [n, V], and features [n, D] if the drafter reads them."""
+        if self.drafter.needs_target_features:
+            return self.target.forward_with_hidden(tokens)
+        return self.target.forward(tokens), None
 
     def _rollback(self, kept: int) -> None:
         """Forget rejected tokens: both caches keep the first `kept` tokens (the text minus its newest token)."""

@@ -48,3 +48,4 @@ __all__ = ["Draft", "Drafter", "LookupDrafter", "ModelDrafter", "NoDrafter", "NA
            "lookup_draft", "make_drafter"]
 from specdec.drafters import quantized as _quantized  # noqa: E402,F401  (registers self-int8, self-int4, self-bf16)
 from specdec.drafters import oracle as _oracle  # noqa: E402,F401  (registers oracle:ALPHA[:DRAFT])
+from specdec.drafters import combined as _combined  # noqa: E402,F401  (registers head:PATH, lookup+head:PATH, auto)

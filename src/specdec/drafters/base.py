@@ -30,6 +30,7 @@ class Drafter(ABC):
     """Proposes tokens for the engine. One instance drafts for one sequence at a time."""
 
     name: str = "drafter"
+    needs_target_features: bool = False  # True: the engine calls observe() with the target's features
 
     def begin(self, prompt: list[int]) -> None:
         """A new sequence starts with these prompt tokens."""
@@ -42,6 +43,10 @@ class Drafter(ABC):
 
     def commit(self, num_valid: int) -> None:
         """After a round: the first num_valid tokens of the text are final; forget the rest."""
+
+    def observe(self, features: torch.Tensor) -> None:
+        """The target's features [m, D] (input of its LM head) of the next m tokens of the text that
+        became final, in order: the prompt's after begin(), then each round's kept positions."""
 
 
 def empty_draft(device: torch.device) -> Draft:

@@ -1,0 +1,79 @@
+"""Prompt lookup first, the draft head when lookup finds nothing.
+
+Lookup is free and wins on text that copies the prompt (summaries, extraction, code edits); the
+head wins on open text. Whichever drafts a round, the head keeps reading the target's features,
+so it is ready for the next round.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.head import HeadDrafter
+from specdec.drafters.lookup import LookupDrafter
+from specdec.sampling import SamplingParams
+
+
+class LookupThenHead(Drafter):
+    needs_target_features = True
+
+    def __init__(self, lookup: LookupDrafter, head: HeadDrafter, name: str | None = None):
+        self.lookup, self.head = lookup, head
+        self.name = name or f"lookup+{head.name}"
+
+    def begin(self, prompt: list[int]) -> None:
+        self.lookup.begin(prompt)
+        self.head.begin(prompt)
+
+    def observe(self, features: torch.Tensor) -> None:
+        self.head.observe(features)
+
+    def commit(self, num_valid: int) -> None:
+        self.lookup.commit(num_valid)
+        self.head.commit(num_valid)
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
+        draft = self.lookup.propose(context, k, params, generator)
+        return draft if len(draft) else self.head.propose(context, k, params, generator)
+
+
+# --- registration: `head:PATH`, `lookup+head:PATH`, and `auto` (the shipped head for the embedded target) ---
+
+def default_head_path():
+    """The head shipped for the embedded default target (None when the package has none)."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "data" / "heads" / "smollm2-135m-head.safetensors"
+    return path if path.is_file() else None
+
+
+def _head(target, path: str) -> HeadDrafter:
+    from specdec.drafters.head import load_head_drafter
+
+    return load_head_drafter(path, target.model)
+
+
+def _combined(target, path: str) -> LookupThenHead:
+    return LookupThenHead(LookupDrafter(target.model.device), _head(target, path))
+
+
+def _auto(target) -> Drafter:
+    """lookup+head with the shipped head when the target is the embedded default, else prompt lookup."""
+    from specdec.models.default import DISPLAY_NAME
+
+    path = default_head_path()
+    if target.name == DISPLAY_NAME and path is not None:
+        return LookupThenHead(LookupDrafter(target.model.device), _head(target, str(path)), name="lookup+head")
+    return LookupDrafter(target.model.device)
+
+
+def _register() -> None:
+    from specdec.drafters import NAMED, PREFIXED
+
+    PREFIXED["head"] = lambda target, arg, dtype=None: _head(target, arg)
+    PREFIXED["lookup+head"] = lambda target, arg, dtype=None: _combined(target, arg)
+    NAMED["auto"] = lambda target, dtype=None: _auto(target)
+
+
+_register()

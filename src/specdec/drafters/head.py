@@ -1,0 +1,274 @@
+"""A draft head on the target's own features (EAGLE-1 style), and the drafter that runs it.
+
+The head is one Llama decoder layer that reads, at position i, the pair (f_i, e(t_{i+1})): the
+target's feature at i (the input of its LM head, i.e. after its final norm) and the embedding of
+the token that followed. It predicts f_{i+1}; the target's own final norm and LM head turn that
+into next-token logits, so the head stores neither embedding nor LM head (only which rows of the
+LM head it may draft: a frequent-token sub-vocabulary, which makes a draft step cheap).
+
+Drafting K tokens: after a round the target's features of the kept text are known, so the head
+first runs over the new (true feature, token) pairs; then it feeds its own predicted feature
+forward with the embedding of the token it just drafted. Its KV cache keeps only pairs built from
+true features; pairs built from its own guesses are cut at the next round (rollback).
+
+Greedy drafts are argmax over the sub-vocabulary (q one-hot: None). Sampled drafts draw from the
+warped distribution over the full vocabulary with -inf outside the sub-vocabulary, and that
+distribution is the q handed to the rejection rule (rule 1 of the design), so output stays exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec.drafters.base import Draft, Drafter, empty_draft
+from specdec.errors import ModelLoadError
+from specdec.sampling import SamplingParams, sample, warp_logits
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden: int  # D, the target's hidden size
+    num_heads: int
+    num_kv_heads: int
+    intermediate: int
+    vocab_size: int  # the target's vocabulary (logit width)
+    draft_vocab: int  # N rows of the target's LM head the head may draft
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.num_heads
+
+
+@dataclass(frozen=True)
+class TargetParts:
+    """What the head borrows from the (frozen) target: embeddings, final norm, LM head."""
+
+    embed: torch.Tensor  # [V, D]
+    norm_weight: torch.Tensor  # [D]
+    norm_eps: float
+    lm_head: torch.Tensor  # [V, D]
+
+
+def target_parts(model) -> TargetParts:
+    """The frozen pieces of a target backend (a CausalLM wrapping a Hugging Face Llama-like model)."""
+    hf = getattr(model, "model", model)
+    try:
+        norm = hf.model.norm
+        return TargetParts(hf.get_input_embeddings().weight.detach(), norm.weight.detach(),
+                           float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-5))),
+                           hf.get_output_embeddings().weight.detach())
+    except AttributeError:
+        raise ModelLoadError(
+            f"a draft head needs a Llama-like target (embeddings, final norm, LM head); {type(hf).__name__} "
+            "does not expose them") from None
+
+
+def config_for_target(model, draft_vocab: int) -> HeadConfig:
+    """A head shaped like one decoder layer of the target."""
+    c = getattr(model, "model", model).config
+    rope = getattr(c, "rope_parameters", None) or {}
+    return HeadConfig(hidden=c.hidden_size, num_heads=c.num_attention_heads,
+                      num_kv_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
+                      intermediate=c.intermediate_size, vocab_size=c.vocab_size, draft_vocab=draft_vocab,
+                      rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
+                      norm_eps=float(c.rms_norm_eps))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, head_dim] for positions [T] (Llama's half-split rotary layout)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    angles = positions.float()[:, None] * inv[None]  # [T, hd/2]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, hd]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class HeadLayer(nn.Module):
+    """One Llama decoder layer, split so that training can choose which keys each query sees."""
+
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.c = c
+        d, hd = c.hidden, c.head_dim
+        self.attn_norm = nn.Parameter(torch.ones(d))
+        self.q = nn.Linear(d, c.num_heads * hd, bias=False)
+        self.k = nn.Linear(d, c.num_kv_heads * hd, bias=False)
+        self.v = nn.Linear(d, c.num_kv_heads * hd, bias=False)
+        self.o = nn.Linear(c.num_heads * hd, d, bias=False)
+        self.mlp_norm = nn.Parameter(torch.ones(d))
+        self.gate = nn.Linear(d, c.intermediate, bias=False)
+        self.up = nn.Linear(d, c.intermediate, bias=False)
+        self.down = nn.Linear(c.intermediate, d, bias=False)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B, T, D] -> q [B, H, T, hd], k and v [B, Hkv, T, hd] (rotary applied)."""
+        b, t, _ = x.shape
+        h = rms_norm(x, self.attn_norm, self.c.norm_eps)
+        q = self.q(h).view(b, t, self.c.num_heads, -1).transpose(1, 2)
+        k = self.k(h).view(b, t, self.c.num_kv_heads, -1).transpose(1, 2)
+        v = self.v(h).view(b, t, self.c.num_kv_heads, -1).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def finish(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of q over keys/values [B, Hkv, S, hd] (mask [T, S] bool, True = may attend), then the MLP."""
+        groups = self.c.num_heads // self.c.num_kv_heads
+        keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
+        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, T, hd]
+        x = x + self.o(att.transpose(1, 2).flatten(2))
+        h = rms_norm(x, self.mlp_norm, self.c.norm_eps)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class DraftHead(nn.Module):
+    """fc(concat(f_i, e(t_{i+1}))) -> decoder layer -> target's final norm = predicted f_{i+1}."""
+
+    def __init__(self, config: HeadConfig, vocab_ids: torch.Tensor | None = None):
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(2 * config.hidden, config.hidden, bias=True)
+        self.layer = HeadLayer(config)
+        ids = vocab_ids if vocab_ids is not None else torch.arange(config.draft_vocab)
+        self.register_buffer("vocab_ids", ids.long().clone())  # [N]: target ids the head may draft
+
+    def inputs(self, feats: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """feats, embeds [B, T, D] -> layer input [B, T, D]."""
+        return self.fc(torch.cat([feats, embeds], dim=-1))
+
+    def save(self, path: str | Path, meta: dict | None = None) -> None:
+        """Weights in bf16 (safetensors) with the config; never the target's embeddings or LM head."""
+        from safetensors.torch import save_file
+
+        tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+                   for k, v in self.state_dict().items()}
+        info = {"config": json.dumps(asdict(self.config)), "format": "specdec-draft-head-1",
+                "meta": json.dumps(meta or {})}
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path), metadata=info)
+
+    @classmethod
+    def load(cls, path: str | Path, device: torch.device | str = "cpu") -> "DraftHead":
+        from safetensors import safe_open
+
+        path = Path(path).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"draft head not found: {path} (train one with `specdec train-draft`)")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                info = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+            config = HeadConfig(**json.loads(info["config"]))
+        except Exception as exc:  # corrupt file, not safetensors, missing config
+            raise ModelLoadError(f"{path} is not a specdec draft head: {exc}") from None
+        head = cls(config, tensors["vocab_ids"])
+        head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()})
+        return head.to(device).eval()
+
+
+class HeadDrafter(Drafter):
+    """Runs a DraftHead next to the target; reads the target's features through observe()."""
+
+    name = "head"
+    needs_target_features = True
+
+    def __init__(self, head: DraftHead, parts: TargetParts, max_length: int = 8192, name: str | None = None):
+        c = head.config
+        if parts.embed.shape != (c.vocab_size, c.hidden) or parts.lm_head.shape[0] != c.vocab_size:
+            raise ModelLoadError(
+                f"this draft head was trained for a target with vocabulary {c.vocab_size} and hidden size "
+                f"{c.hidden}; the target has {tuple(parts.embed.shape)}: train a head for this target")
+        self.head, self.parts, self.c = head, parts, c
+        self.device = parts.embed.device
+        self.lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D] runtime copy of the drafted rows
+        shape = (1, c.num_kv_heads, max_length, c.head_dim)
+        self._k = torch.zeros(shape, device=self.device)
+        self._v = torch.zeros(shape, device=self.device)
+        self.name = name or self.name
+        self.begin([])
+
+    def begin(self, prompt: list[int]) -> None:
+        self._feats: list[torch.Tensor] = []  # target features of the text, one [m, D] chunk per observe()
+        self._num_feats = 0
+        self._true_pairs = 0  # cache entries built from true features (pairs 0.._true_pairs-1)
+
+    def observe(self, features: torch.Tensor) -> None:
+        self._feats.append(features.detach().float())
+        self._num_feats += int(features.shape[0])
+
+    def commit(self, num_valid: int) -> None:
+        if self._num_feats > num_valid:  # only when a caller rolls back past what it observed
+            all_feats = torch.cat(self._feats)[:num_valid]
+            self._feats, self._num_feats = [all_feats], num_valid
+        self._true_pairs = min(self._true_pairs, self._num_feats)
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
+        n = self._num_feats
+        if k < 1 or n == 0 or n != len(context) - 1:  # no features yet, or not for this text
+            return empty_draft(self.device)
+        feats = torch.cat(self._feats)[self._true_pairs:n]  # [m, D] true features not yet in the cache
+        self._feats = [torch.cat(self._feats)]
+        tokens = torch.tensor(context[self._true_pairs + 1:n + 1], device=self.device)  # t_{i+1} for those pairs
+        h = self._step(feats, tokens, self._true_pairs)  # [D] predicted feature at the newest position
+        self._true_pairs = n
+        drafted, qs = [], []
+        for i in range(k):
+            token, q = self._choose(h, params, generator)
+            drafted.append(token)
+            if q is not None:
+                qs.append(q)
+            if i + 1 < k:
+                h = self._step(h[None], token.reshape(1), n + i)
+        return Draft(torch.stack(drafted), torch.stack(qs) if qs else None)
+
+    def _step(self, feats: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Pairs (feats [m, D], tokens [m]) at positions start..start+m-1 -> the last predicted feature [D]."""
+        m = int(tokens.shape[0])
+        x = self.head.inputs(feats[None], self.parts.embed[tokens][None].float())  # [1, m, D]
+        cos, sin = rope_tables(torch.arange(start, start + m, device=self.device), self.c.head_dim, self.c.rope_theta)
+        q, k, v = self.head.layer.project(x, cos, sin)
+        end = start + m
+        if end > self._k.shape[2]:
+            raise ValueError(f"the draft head's cache holds {self._k.shape[2]} positions; the text is longer")
+        self._k[:, :, start:end], self._v[:, :, start:end] = k, v
+        mask = None
+        if m > 1:  # causal among the new pairs; everything cached before them is visible
+            mask = torch.ones(m, end, dtype=torch.bool, device=self.device).tril(start)
+        out = self.head.layer.finish(x, q, self._k[:, :, :end], self._v[:, :, :end], mask)
+        return rms_norm(out[0, -1], self.parts.norm_weight.float(), self.parts.norm_eps)
+
+    def _choose(self, h: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Draft one token from the predicted feature h [D]; returns (token, q [V] or None when greedy)."""
+        logits = self.lm_sub @ h  # [N]
+        if params.greedy:
+            return self.head.vocab_ids[logits.argmax()], None
+        full = logits.new_full((self.c.vocab_size,), -math.inf)
+        full[self.head.vocab_ids] = logits
+        q = warp_logits(full, params)  # [V]: exactly what the token is drawn from
+        return sample(q, generator).reshape(()), q
+
+
+def load_head_drafter(path: str, target_model, name: str | None = None) -> HeadDrafter:
+    """A HeadDrafter for `path` on a target backend (CausalLM)."""
+    head = DraftHead.load(path, device=target_model.device)
+    return HeadDrafter(head, target_parts(target_model), max_length=min(target_model.max_length, 1 << 15),
+                       name=name or f"head:{path}")

@@ -1,0 +1,95 @@
+"""Measure drafters side by side on Spec-Bench questions (greedy or sampled): tau, alpha, speedup.
+
+    python -m specdec.train.measure --drafts lookup,head:PATH,lookup+head:PATH --per-category 1 -k 5 --temperature 1
+
+Every drafter and plain decoding (draft `none`) run the same prompts through the same engine and
+target, in rotating order per prompt, so that load changes on a shared machine hit all alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from specdec.bench.specbench import QUESTIONS, load_questions
+from specdec.drafters import make_drafter
+from specdec.engine import GenerationConfig
+from specdec.runtime import encode_prompt, engine_for
+from specdec.sampling import SamplingParams
+
+
+def measure(target, drafts: list[str], questions: list[dict], config: GenerationConfig) -> dict:
+    """{draft: {category: totals}} with generated tokens, rounds, drafted, accepted, decode seconds."""
+    engines = {name: engine_for(target, make_drafter(name, target)) for name in ["none"] + drafts}
+    names = list(engines)
+    totals: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+    for i, row in enumerate(questions):
+        ids = encode_prompt(target.tokenizer, row["turns"][0])
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
+            stats = engines[name].generate(ids, config).stats
+            t = totals[name][row["category"]]
+            for key in ("generated", "rounds", "drafted", "accepted"):
+                t[key] += getattr(stats, key)
+            t["seconds"] += stats.decode_time
+            t["prompts"] += 1
+        print(f"{i + 1}/{len(questions)} {row['category']}", flush=True)
+    return {n: {c: dict(v) for c, v in cats.items()} for n, cats in totals.items()}
+
+
+def summarise(totals: dict) -> dict:
+    """Per draft and category (and 'all'): tau, alpha, tokens/s, speedup over `none`."""
+    out = {}
+    for name, cats in totals.items():
+        rows = dict(cats)
+        rows["all"] = {k: sum(c[k] for c in cats.values()) for k in next(iter(cats.values()))}
+        out[name] = {}
+        for cat, t in rows.items():
+            plain = totals["none"].get(cat) if cat != "all" else None
+            plain_tps = (sum(c["generated"] for c in totals["none"].values()) /
+                         sum(c["seconds"] for c in totals["none"].values())) if cat == "all" else \
+                plain["generated"] / plain["seconds"]
+            tps = t["generated"] / t["seconds"]
+            out[name][cat] = {"tau": t["generated"] / t["rounds"], "alpha": t["accepted"] / t["drafted"] if t["drafted"] else 0.0,
+                              "tokens_per_second": tps, "speedup": tps / plain_tps}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="default")
+    p.add_argument("--drafts", required=True, help="comma-separated draft specs")
+    p.add_argument("-k", type=int, default=5)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--per-category", type=int, default=1)
+    p.add_argument("--categories", default=None)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default=None, help="JSON file for the results")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from specdec.models.loader import load_model
+
+    target = load_model(args.target)
+    questions = load_questions(str(QUESTIONS), args.per_category, args.categories)
+    config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k,
+                              sampling=SamplingParams(temperature=args.temperature, seed=0))
+    totals = measure(target, args.drafts.split(","), questions, config)
+    summary = summarise(totals)
+    for name, cats in summary.items():
+        print(name)
+        for cat, s in cats.items():
+            print(f"  {cat:15s} tau {s['tau']:.2f}  alpha {s['alpha']:.2f}  {s['tokens_per_second']:.1f} tok/s  "
+                  f"speedup {s['speedup']:.2f}x")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "totals": totals, "summary": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

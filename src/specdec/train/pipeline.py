@@ -1,0 +1,46 @@
+"""The whole `train-draft` recipe: the target answers prompts, then a head is distilled and saved."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from specdec.drafters.head import config_for_target, target_parts
+from specdec.errors import InvalidRequestError
+from specdec.models.loader import LoadedModel
+from specdec.train.data import DataConfig, build_dataset
+from specdec.train.trainer import TrainConfig, fit, load_examples
+
+
+def default_data_dir(target_name: str) -> Path:
+    slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in target_name)[:80]
+    return Path.home() / ".cache" / "specdec" / "draft-data" / slug
+
+
+def train_draft(target: LoadedModel, out: Path, data_dir: Path, data_config: DataConfig,
+                train_config: TrainConfig, progress: bool = True, log=print) -> dict:
+    """Build (or resume) the data under data_dir, train (or resume) the head, save it to `out`.
+
+    The checkpoint for resuming lives next to `out` (`out` + ".ckpt"). Returns a summary dict.
+    """
+    hf_model = getattr(target.model, "model", None)
+    if hf_model is None or not hasattr(hf_model, "generate"):
+        raise InvalidRequestError("train-draft needs a Hugging Face target backend (it uses generate())")
+    shards = build_dataset(hf_model, target.tokenizer, data_dir, data_config, progress=progress)
+    examples = load_examples(shards)
+    if len(examples) < 2:
+        raise InvalidRequestError("the target gave too few usable answers to train on; raise --prompts")
+    tokens = sum(int(e["ids"].shape[0]) - int(e["start"]) for e in examples)
+    log(f"{len(examples)} answers, {tokens} answer tokens under {data_dir}")
+    parts = target_parts(target.model)
+    draft_vocab = min(train_config.draft_vocab, parts.lm_head.shape[0])
+    head_config = config_for_target(target.model, draft_vocab)
+    ckpt = Path(str(out) + ".ckpt")
+    with torch.enable_grad():
+        head, history = fit(parts, head_config, examples, train_config, ckpt, progress=progress, log=log)
+    summary = {"target": target.name, "answers": len(examples), "answer_tokens": tokens,
+               "data": asdict(data_config), "train": asdict(train_config), "history": history}
+    head.save(out, meta=summary)
+    return summary

@@ -1,0 +1,237 @@
+"""Distil a draft head from the target's recorded features and probabilities.
+
+Loss, per unrolled step s = 1..S ("training-time test", as in EAGLE-3): cross-entropy of the head's
+logits over its sub-vocabulary against the target's top-k probabilities, plus a small smooth-L1
+loss between the head's predicted feature and the target's. Step 1 reads true features; step s
+reads the head's own prediction from step s-1, and its attention sees exactly what it would see
+while drafting: the true pairs before the draft began and its own earlier draft pairs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specdec.drafters.head import DraftHead, HeadConfig, TargetParts, rms_norm, rope_tables
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 600
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup: int = 30
+    unroll: int = 2  # drafting steps simulated per position (1 = plain teacher forcing)
+    feature_weight: float = 0.1
+    draft_vocab: int = 8192  # rows of the target's LM head the head may draft
+    val_examples: int = 24
+    eval_every: int = 100
+    ckpt_every: int = 50
+    max_len: int = 384  # tokens per training text (longer ones are cut)
+    seed: int = 0
+
+
+@dataclass
+class Batch:
+    """Right-padded pairs: pair i reads (f_i, t_{i+1}) and predicts f_{i+1} and t_{i+2}."""
+
+    feats: torch.Tensor  # [B, T, D] target features f_i
+    next_ids: torch.Tensor  # [B, T] t_{i+1}
+    feat_targets: torch.Tensor  # [B, T, D] f_{i+1}
+    top_sub: torch.Tensor  # [B, T, k] sub-vocabulary index of the target's top-k next tokens (-1: outside)
+    top_p: torch.Tensor  # [B, T, k] their probabilities
+    argmax_ids: torch.Tensor  # [B, T] the target's greedy next token t_{i+2}
+    mask: torch.Tensor  # [B, T] bool: pairs inside the answer that have targets
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    return Batch(*(getattr(batch, f).to(device) for f in batch.__dataclass_fields__))
+
+
+def choose_vocab(examples: list[dict], size: int, vocab_size: int) -> torch.Tensor:
+    """The `size` token ids the head may draft: the most frequent in the target's answers and its top-k
+    predictions, then the lowest ids (BPE merges come roughly in order of frequency). Returns [size] sorted."""
+    counts: Counter = Counter()
+    for ex in examples:
+        counts.update(ex["ids"][ex["start"]:].tolist())
+        counts.update(ex["top_ids"][:, :4].flatten().tolist())
+    chosen = [t for t, _ in counts.most_common(size)]
+    taken = set(chosen)
+    fill = (t for t in range(vocab_size) if t not in taken)
+    chosen += [next(fill) for _ in range(min(size, vocab_size) - len(chosen))]
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def collate(examples: list[dict], sub_index: torch.Tensor, max_len: int) -> Batch:
+    """Examples (see train.data) -> a Batch. sub_index [V]: target id -> sub-vocabulary index or -1."""
+    lengths = [min(int(e["ids"].shape[0]), max_len) - 2 for e in examples]  # pairs with a target: n - 2
+    t = max(lengths)
+    b, d, k = len(examples), examples[0]["features"].shape[1], examples[0]["top_ids"].shape[1]
+    out = Batch(torch.zeros(b, t, d), torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, d),
+                torch.full((b, t, k), -1, dtype=torch.long), torch.zeros(b, t, k),
+                torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, dtype=torch.bool))
+    for row, (ex, m) in enumerate(zip(examples, lengths)):
+        ids, feats, start = ex["ids"].long(), ex["features"].float(), ex["start"]
+        out.feats[row, :m] = feats[:m]
+        out.next_ids[row, :m] = ids[1:m + 1]
+        out.feat_targets[row, :m] = feats[1:m + 1]
+        first = max(start - 2, 0)  # pair i predicts t_{i+2}; probabilities exist for t_start onwards
+        rows = ex["top_ids"][first + 2 - start:m + 2 - start].long()  # top-k row r predicts t_{start+r}
+        out.top_sub[row, first:m] = sub_index[rows]
+        out.top_p[row, first:m] = ex["top_p"][first + 2 - start:m + 2 - start].float()
+        out.argmax_ids[row, first:m] = rows[:, 0]
+        out.mask[row, first:m] = True
+    return out
+
+
+def unrolled_features(head: DraftHead, parts: TargetParts, batch: Batch, steps: int) -> list[torch.Tensor]:
+    """Predicted features [B, T, D] for each of `steps` drafting steps (see module doc)."""
+    c = head.config
+    b, t, _ = batch.feats.shape
+    idx = torch.arange(t, device=batch.feats.device)
+    cos, sin = rope_tables(idx, c.head_dim, c.rope_theta)
+    embeds = parts.embed[batch.next_ids].float()
+    keys, values, outputs = [], [], []
+    feats = batch.feats
+    for s in range(1, steps + 1):
+        x = head.inputs(feats, embeds)
+        q, k, v = head.layer.project(x, cos, sin)
+        keys.append(k)
+        values.append(v)
+        # Query i of step s sees true pairs j <= i - s + 1 and its own draft pairs at j = i - s + r (r = 2..s).
+        blocks = [idx[None, :] <= idx[:, None] - s + 1]
+        blocks += [idx[None, :] == idx[:, None] - s + r for r in range(2, s + 1)]
+        mask = torch.cat(blocks, dim=1)
+        mask[:, 0] |= ~mask.any(dim=1)  # rows with nothing visible (their loss is masked) must not give NaN
+        out = head.layer.finish(x, q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+        h = rms_norm(out, parts.norm_weight, parts.norm_eps)
+        outputs.append(h)
+        feats = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)  # step s+1 at i reads h at i-1
+    return outputs
+
+
+def head_loss(head: DraftHead, parts: TargetParts, lm_sub: torch.Tensor, batch: Batch, config: TrainConfig):
+    """Total loss and per-step greedy accuracy (head argmax == target argmax) over the batch."""
+    total, accs = 0.0, []
+    for s, h in enumerate(unrolled_features(head, parts, batch, config.unroll), start=1):
+        mask = batch.mask.clone()
+        mask[:, : s - 1] = False  # the first s-1 positions have no step-s input
+        logq = torch.log_softmax(h[mask] @ lm_sub.T, dim=-1)  # [M, N]
+        top, p = batch.top_sub[mask], batch.top_p[mask]  # [M, k]
+        ce = -(p * logq.gather(1, top.clamp(min=0)) * (top >= 0)).sum(-1).mean()
+        feat = F.smooth_l1_loss(h[mask], batch.feat_targets[mask])
+        total = total + ce + config.feature_weight * feat
+        pred = head.vocab_ids[logq.argmax(-1)]
+        accs.append(float((pred == batch.argmax_ids[mask]).float().mean()))
+    return total / config.unroll, accs
+
+
+def lr_at(step: int, config: TrainConfig) -> float:
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
+    return config.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def evaluate(head: DraftHead, parts: TargetParts, lm_sub: torch.Tensor, examples: list[dict],
+             sub_index: torch.Tensor, config: TrainConfig) -> list[float]:
+    """Held-out greedy agreement per drafting step (an estimate of per-position acceptance)."""
+    head.eval()
+    sums = [0.0] * config.unroll
+    for i in range(0, len(examples), config.batch_size):
+        chunk = examples[i:i + config.batch_size]
+        batch = to_device(collate(chunk, sub_index, config.max_len), lm_sub.device)
+        _, accs = head_loss(head, parts, lm_sub, batch, config)
+        sums = [a + b * len(chunk) for a, b in zip(sums, accs)]
+    head.train()
+    return [s / max(1, len(examples)) for s in sums]
+
+
+def split(examples: list[dict], config: TrainConfig) -> tuple[list[dict], list[dict]]:
+    order = list(range(len(examples)))
+    random.Random(config.seed).shuffle(order)
+    n_val = min(config.val_examples, len(examples) // 5)
+    return [examples[i] for i in order[n_val:]], [examples[i] for i in order[:n_val]]
+
+
+def new_head(head_config: HeadConfig, vocab_ids: torch.Tensor, seed: int) -> DraftHead:
+    torch.manual_seed(seed)
+    return DraftHead(head_config, vocab_ids)
+
+
+def config_dict(config: TrainConfig) -> dict:
+    return asdict(config)
+
+
+def checkpoint_state(head: DraftHead, optimizer, step: int, config: TrainConfig, history: list) -> dict:
+    return {"head": head.state_dict(), "head_config": asdict(head.config), "optimizer": optimizer.state_dict(),
+            "step": step, "train_config": asdict(config), "history": history}
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    tmp = Path(str(path) + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)  # atomic: an interrupted save leaves the previous checkpoint intact
+
+
+def load_examples(paths: list[Path]) -> list[dict]:
+    examples = []
+    for path in paths:
+        examples += torch.load(path, weights_only=True)
+    return [e for e in examples if int(e["ids"].shape[0]) - int(e["start"]) >= 4]
+
+
+def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], config: TrainConfig,
+        ckpt_path: Path, progress: bool = True, log=print, stop_at: int | None = None) -> tuple[DraftHead, list[dict]]:
+    """Train (or resume from ckpt_path) a head; returns it and the validation history.
+
+    Batches are drawn from a generator seeded by (seed, step), so a resumed run sees the same data
+    and ends with the same weights. stop_at: checkpoint and return after that step (time-boxed runs).
+    """
+    from tqdm import tqdm
+
+    train_set, val_set = split(examples, config)
+    vocab_ids = choose_vocab(train_set, head_config.draft_vocab, head_config.vocab_size)
+    device = parts.embed.device
+    head = new_head(head_config, vocab_ids, config.seed).to(device)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    step, history = 0, []
+    if ckpt_path.exists():
+        state = torch.load(ckpt_path, weights_only=False, map_location=device)
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, history = state["step"], state["history"]
+        log(f"resuming from {ckpt_path} at step {step}")
+    sub_index = torch.full((head_config.vocab_size,), -1, dtype=torch.long)
+    sub_index[head.vocab_ids.cpu()] = torch.arange(head_config.draft_vocab)
+    lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D]
+    bar = tqdm(total=config.steps, initial=step, desc="train head", unit="step", disable=not progress)
+    while step < min(config.steps, stop_at or config.steps):
+        rng = random.Random(config.seed * 1_000_003 + step)
+        batch = collate(rng.sample(train_set, min(config.batch_size, len(train_set))), sub_index, config.max_len)
+        batch = to_device(batch, device)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, config)
+        loss, accs = head_loss(head, parts, lm_sub, batch, config)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in accs))
+        if step % config.eval_every == 0 or step == config.steps:
+            val = evaluate(head, parts, lm_sub, val_set, sub_index, config) if val_set else []
+            history.append({"step": step, "loss": loss.item(), "val_greedy_agreement": val})
+            bar.write(f"step {step}: held-out greedy agreement per draft step {[round(v, 3) for v in val]}")
+        if step % config.ckpt_every == 0 or step in (config.steps, stop_at):
+            save_checkpoint(ckpt_path, checkpoint_state(head, optimizer, step, config, history))
+    bar.close()
+    return head.eval(), history

@@ -1,0 +1,140 @@
+"""The draft head drafter (and lookup+head): exact output, save/load, resumable training, registry."""
+
+import pytest
+import torch
+
+from specdec.drafters import LookupDrafter, make_drafter
+from specdec.drafters.combined import LookupThenHead
+from specdec.drafters.head import DraftHead, HeadDrafter, config_for_target, target_parts
+from specdec.engine import Engine, GenerationConfig, Origin
+from specdec.errors import ModelLoadError
+from specdec.models.loader import LoadedModel
+from specdec.sampling import SamplingParams
+from specdec.train.trainer import TrainConfig, fit
+from tests.conftest import tiny_llama
+from tests.test_engine_greedy import PROMPTS, plain_greedy
+from tests.test_exactness import HOT, WARPED, exact_joint, goodness_of_fit, sampled_joint
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def examples_from(model, prompts: list[list[int]], new_tokens: int = 16, top_k: int = 4) -> list[dict]:
+    """Training examples (the format of specdec.train.data) from a model's own greedy answers."""
+    out = []
+    for prompt in prompts:
+        ids = list(prompt) + plain_greedy(model, prompt, new_tokens)
+        model.reset()
+        logits, hidden = model.forward_with_hidden(torch.tensor(ids[:-1]))  # [n-1, V], [n-1, D]
+        top = torch.softmax(logits[len(prompt) - 1:], -1).topk(top_k)
+        out.append({"ids": torch.tensor(ids, dtype=torch.int32), "features": hidden.to(torch.bfloat16),
+                    "start": len(prompt), "top_ids": top.indices.int(), "top_p": top.values.half()})
+    return out
+
+
+def train_head(model, draft_vocab: int, steps: int, tmp_path, **kw) -> DraftHead:
+    prompts = [[(7 * i + j) % model.vocab_size for j in range(3 + i % 4)] for i in range(8)]
+    config = TrainConfig(steps=steps, batch_size=4, val_examples=2, eval_every=steps, ckpt_every=2, **kw)
+    head, _ = fit(target_parts(model), config_for_target(model, draft_vocab), examples_from(model, prompts),
+                  config, tmp_path / "head.ckpt", progress=False, log=lambda *_: None)
+    return head
+
+
+@pytest.fixture(scope="module")
+def head_path(tiny_target, tmp_path_factory):
+    """A head for the tiny target, trained for a few steps, drafting from 48 of its 64 ids."""
+    tmp = tmp_path_factory.mktemp("head")
+    head = train_head(tiny_target, draft_vocab=48, steps=6, tmp_path=tmp)
+    head.save(tmp / "head.safetensors")
+    return tmp / "head.safetensors"
+
+
+def head_drafter(model, path) -> HeadDrafter:
+    return HeadDrafter(DraftHead.load(path), target_parts(model))
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("kind", ["head", "lookup+head"])
+def test_greedy_identity_with_head(tiny_target, head_path, kind, k):
+    drafter = head_drafter(tiny_target, head_path)
+    if kind == "lookup+head":
+        drafter = LookupThenHead(LookupDrafter(CPU), drafter)
+    engine = Engine(tiny_target, drafter)
+    for prompt in PROMPTS:
+        expected = plain_greedy(tiny_target, prompt, 30)
+        assert engine.generate(prompt, GenerationConfig(max_new_tokens=30, k=k)).token_ids == expected
+
+
+def test_head_learns_the_target(tiny_target, tmp_path):
+    """Trained a little longer on the target's own answers, the head's drafts get kept."""
+    head = train_head(tiny_target, draft_vocab=64, steps=60, tmp_path=tmp_path, lr=3e-3)
+    engine = Engine(tiny_target, HeadDrafter(head, target_parts(tiny_target)))
+    gen = engine.stream([7, 14, 21, 28], GenerationConfig(max_new_tokens=40, k=3))
+    origins = {t.origin for t in gen}
+    assert gen.stats.accepted > 0 and Origin.ACCEPTED in origins
+
+
+@pytest.mark.parametrize("kind, params", [("head", HOT), ("lookup+head", WARPED)],
+                         ids=["head-t1", "combined-topk-topp"])
+def test_output_follows_target_distribution_with_head(tmp_path, kind, params):
+    target = tiny_llama(20, layers=1, hidden=16, vocab=5, scale=30.0)
+    head = train_head(target, draft_vocab=4, steps=2, tmp_path=tmp_path)  # one id can never be drafted
+    drafter = HeadDrafter(head, target_parts(target))
+    if kind == "lookup+head":
+        drafter = LookupThenHead(LookupDrafter(CPU, max_ngram=1), drafter)
+    counts = sampled_joint(Engine(target, drafter), params, k=2, samples=1000, n_tokens=2)
+    assert goodness_of_fit(counts, exact_joint(target, params, n_tokens=2)) > 1e-3
+
+
+def test_save_load_round_trip(tiny_target, head_path, tmp_path):
+    head = DraftHead.load(head_path)
+    again_path = tmp_path / "again.safetensors"
+    head.save(again_path)
+    again = DraftHead.load(again_path)
+    assert again.config == head.config
+    for (name, a), (_, b) in zip(head.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert not any("embed" in n or "lm_head" in n for n in head.state_dict())  # the target's own are reused
+    params = SamplingParams(temperature=1.0, seed=3)
+    drafts = []
+    for h in (head, again):
+        drafter = HeadDrafter(h, target_parts(tiny_target))
+        engine = Engine(tiny_target, drafter)
+        drafts.append(engine.generate(PROMPTS[1], GenerationConfig(max_new_tokens=12, k=3, sampling=params)).token_ids)
+    assert drafts[0] == drafts[1]
+
+
+def test_resumed_training_ends_with_the_same_weights(tiny_target, tmp_path):
+    prompts = [[i, i + 1, i + 2] for i in range(10)]
+    examples = examples_from(tiny_target, prompts, new_tokens=10)
+    parts, hc = target_parts(tiny_target), config_for_target(tiny_target, 64)
+    config = TrainConfig(steps=6, batch_size=3, val_examples=2, eval_every=3, ckpt_every=100)
+    quiet = dict(progress=False, log=lambda *_: None)
+    straight, _ = fit(parts, hc, examples, config, tmp_path / "a.ckpt", **quiet)
+    fit(parts, hc, examples, config, tmp_path / "b.ckpt", stop_at=4, **quiet)  # "interrupted" after step 4
+    resumed, history = fit(parts, hc, examples, config, tmp_path / "b.ckpt", **quiet)
+    assert [h["step"] for h in history] == [3, 6]
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_registry_builds_head_and_combined(tiny_target, head_path):
+    loaded = LoadedModel(tiny_target, tokenizer=None, name="tiny")
+    assert isinstance(make_drafter(f"head:{head_path}", loaded), HeadDrafter)
+    assert isinstance(make_drafter(f"lookup+head:{head_path}", loaded), LookupThenHead)
+    assert isinstance(make_drafter("auto", loaded), LookupDrafter)  # no shipped head for this target
+    with pytest.raises(ModelLoadError, match="not found"):
+        make_drafter("head:/nonexistent/head.safetensors", loaded)
+
+
+def test_head_for_another_target_is_refused(head_path):
+    other = tiny_llama(5, layers=1, hidden=16, vocab=64)
+    with pytest.raises(ModelLoadError, match="train a head for this target"):
+        head_drafter(other, head_path)
