@@ -39,11 +39,23 @@ def register(sub) -> None:
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
                    help="/v1/chat/completions or /v1/completions (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token ($OPENAI_API_KEY)")
+    p.add_argument("--extra-body", type=_json_object, default={},
+                   help="JSON merged into every request, e.g. '{\"draft\": \"none\"}' for our plain baseline")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: %(default)s)")
     p.add_argument("--label", default="", help="a name for this run, kept in the JSON and the scoreboard row")
     p.add_argument("--change", default="", help="what changed since the last run, kept in the JSON")
     add_output_flags(p)
     p.set_defaults(func=run)
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object like '{\"draft\": \"none\"}'")
+    return value
 
 
 @dataclass
@@ -114,6 +126,7 @@ def request_body(args: argparse.Namespace, model: str, prompt: str) -> dict:
         body["prompt"] = prompt
     if args.ignore_eos:
         body["ignore_eos"] = True
+    body.update(args.extra_body or {})
     return body
 
 
@@ -282,10 +295,12 @@ def _scoreboard_rows(result: dict, args: argparse.Namespace) -> None:
 
     info = result["server_speculation"]
     label = f" [{args.label}]" if args.label else ""
+    draft = (args.extra_body or {}).get("draft") or info.get("draft", "?")
+    k = (args.extra_body or {}).get("k") or info.get("k", "-")
     for r in result["runs"]:
         spec = r["spec_decode"] or {}
-        append_row(ScoreRow(target=result["model"], draft=f"{info.get('draft', '?')} (serve, c={r['concurrency']}){label}",
-                            k=str(info.get("k", "-")), precision="-", tokens_per_second=r["output_throughput"],
+        append_row(ScoreRow(target=result["model"], draft=f"{draft} (serve, c={r['concurrency']}){label}",
+                            k=str(k), precision="-", tokens_per_second=r["output_throughput"],
                             tau=spec.get("mean_acceptance_length"), alpha=spec.get("acceptance_rate")),
                    args.scoreboard)
 
@@ -294,20 +309,23 @@ def _print_table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    console = Console()
+    console = Console(width=max(console.width, 132))  # a pipe reports 80 columns: too few for this table
+
     table = Table(title=f"bench serve: {result['model']} ({result['backend']}, max_tokens {result['max_tokens']})",
                   title_justify="left")
     for col in ("conc.", "done/failed", "req/s", "out tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
                 "ITL p50/p99 ms", "alpha", "tau"):
         table.add_column(col, justify="right")
     for r in result["runs"]:
-        spec = r["spec_decode"] or {}
+        spec = r["spec_decode"] if r["spec_decode"] and r["spec_decode"]["num_drafts"] else {}
         table.add_row(str(r["concurrency"]), f"{r['completed']}/{r['failed']}", f"{r['request_throughput']:.2f}",
                       f"{r['output_throughput']:.1f}", f"{r['median_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f}",
                       f"{r['median_tpot_ms']:.1f}/{r['p99_tpot_ms']:.1f}",
                       f"{r['median_itl_ms']:.1f}/{r['p99_itl_ms']:.1f}",
                       f"{spec['acceptance_rate']:.2f}" if spec else "-",
                       f"{spec['mean_acceptance_length']:.2f}" if spec else "-")
-    Console().print(table)
+    console.print(table)
     for r in result["runs"]:
         for error in r["errors"]:
             print(f"  c={r['concurrency']} error: {error}")
