@@ -83,3 +83,40 @@ def test_burst_beyond_the_queue_gets_503_and_no_mixed_up_answers(server):
     for r in refused:
         assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
     wait_idle(server.url)
+
+
+def test_shutdown_finishes_the_stream_in_flight_and_refuses_new_work():
+    """What SIGTERM does (uvicorn's handler sets should_exit): the running stream still ends with [DONE]."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from specdec.runtime import build_runtime
+    from specdec.server.app import ServerConfig, ServerState, create_app
+    from tests.server_tiny_model import build_tiny_models, tiny_root, torch_threads
+
+    target, _ = build_tiny_models(tiny_root())
+    state = ServerState(ServerConfig("tiny", "none", 1), {"none": build_runtime(str(target), "none")})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=30))
+    thread = threading.Thread(target=server.run, daemon=True)
+    with torch_threads(1):
+        thread.start()
+        while not server.started:
+            time.sleep(0.05)
+        body = {"prompt": "hello", "max_tokens": 120, "ignore_eos": True, "stream": True, "temperature": 1}
+        lines = []
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line and not lines:
+                    server.should_exit = True  # as on SIGTERM
+                lines += [line] if line else []
+        thread.join(timeout=30)
+    assert lines[-1] == "data: [DONE]" and len(lines) > 100  # every token arrived, then the end marker
+    assert not thread.is_alive()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
