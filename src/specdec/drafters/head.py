@@ -12,14 +12,13 @@ forward with the embedding of the token it just drafted. Its KV cache keeps only
 true features; pairs built from its own guesses are cut at the next round (rollback).
 
 Greedy drafts are argmax over the sub-vocabulary (q one-hot: None). Sampled drafts draw from the
-warped distribution over the full vocabulary with -inf outside the sub-vocabulary, and that
-distribution is the q handed to the rejection rule (rule 1 of the design), so output stays exact.
+warped distribution over the sub-vocabulary (zero probability elsewhere), and that distribution,
+spread over the full vocabulary, is the q handed to the rejection rule (rule 1 of the design), so output stays exact.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -225,11 +224,13 @@ class HeadDrafter(Drafter):
         n = self._num_feats
         if k < 1 or n == 0 or n != len(context) - 1:  # no features yet, or not for this text
             return empty_draft(self.device)
-        feats = torch.cat(self._feats)[self._true_pairs:n]  # [m, D] true features not yet in the cache
-        self._feats = [torch.cat(self._feats)]
-        tokens = torch.tensor(context[self._true_pairs + 1:n + 1], device=self.device)  # t_{i+1} for those pairs
-        h = self._step(feats, tokens, self._true_pairs)  # [D] predicted feature at the newest position
-        self._true_pairs = n
+        if self._true_pairs < n:  # run the true pairs not yet in the cache
+            self._feats = [torch.cat(self._feats)]
+            feats = self._feats[0][self._true_pairs:n]  # [m, D]
+            tokens = torch.tensor(context[self._true_pairs + 1:n + 1], dtype=torch.long, device=self.device)
+            self._last_true = self._step(feats, tokens, self._true_pairs)  # [D] predicted f_n
+            self._true_pairs = n
+        h = self._last_true
         drafted, qs = [], []
         for i in range(k):
             token, q = self._choose(h, params, generator)
@@ -261,10 +262,10 @@ class HeadDrafter(Drafter):
         logits = self.lm_sub @ h  # [N]
         if params.greedy:
             return self.head.vocab_ids[logits.argmax()], None
-        full = logits.new_full((self.c.vocab_size,), -math.inf)
-        full[self.head.vocab_ids] = logits
-        q = warp_logits(full, params)  # [V]: exactly what the token is drawn from
-        return sample(q, generator).reshape(()), q
+        # Warping the N sub-vocabulary logits equals warping all V with -inf outside them (cheaper).
+        q_sub = warp_logits(logits, params)  # [N]
+        q = q_sub.new_zeros(self.c.vocab_size).index_copy_(0, self.head.vocab_ids, q_sub)  # [V]: the q drawn from
+        return self.head.vocab_ids[sample(q_sub, generator)].reshape(()), q
 
 
 def load_head_drafter(path: str, target_model, name: str | None = None) -> HeadDrafter:
