@@ -52,12 +52,12 @@ class ServerState:
         self.worker = EngineWorker(config.max_queue, self.metrics)
 
     @property
-    def target(self) -> Runtime:
+    def default_runtime(self) -> Runtime:
         return self.runtimes[self.config.default_draft]
 
     @property
     def max_model_len(self) -> int:
-        return int(self.target.engine.target.max_length)
+        return int(self.default_runtime.engine.target.max_length)
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -157,7 +157,7 @@ def _model_card(state: ServerState) -> dict:
 def _completion_prompt(state: ServerState, request: P.CompletionRequest) -> list[int]:
     prompt = request.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
-        vocab = state.target.engine.target.vocab_size
+        vocab = state.default_runtime.engine.target.vocab_size
         if any(not 0 <= x < vocab for x in prompt):
             raise P.APIError(400, f"prompt: token ids must be in [0, {vocab})", "prompt", "invalid_value")
         return list(prompt)
@@ -166,14 +166,14 @@ def _completion_prompt(state: ServerState, request: P.CompletionRequest) -> list
             raise P.APIError(400, "prompt: give one string (batches of prompts are not served)", "prompt",
                              "invalid_value")
         prompt = prompt[0]
-    return _tokenize(lambda: state.target.encode(prompt, chat=False), "prompt")
+    return _tokenize(lambda: state.default_runtime.encode(prompt, chat=False), "prompt")
 
 
 def _chat_prompt(state: ServerState, request: P.ChatCompletionRequest) -> list[int]:
     if not request.messages:
         raise P.APIError(400, "messages: give at least one message", "messages", "invalid_value")
     messages = [{"role": m.role, "content": m.text()} for m in request.messages]
-    return _tokenize(lambda: state.target.encode_messages(messages), "messages")
+    return _tokenize(lambda: state.default_runtime.encode_messages(messages), "messages")
 
 
 def _tokenize(encode, param: str) -> list[int]:
