@@ -64,6 +64,20 @@ def test_prompt_streams_tokens_coloured_by_origin(page):
     shoot(page, "#live", "live")
 
 
+def test_dragging_a_bar_changes_the_distribution(page):
+    page.select_option("#toy-preset", "far")
+    before = page.inner_text("#toy-alpha")
+    box = page.locator("#toy-q").bounding_box()
+    # drag the draft's "sat" bar (third of six) up: q moves toward p's peak, so alpha grows
+    pad, slot = 18, (300 - 2 * 18) / 6  # toy.js layout on a 300-pixel-wide canvas
+    x = box["x"] + box["width"] * (pad + 2.5 * slot) / 300
+    page.mouse.move(x, box["y"] + box["height"] - 20)
+    page.mouse.down()
+    page.mouse.move(x, box["y"] + 30, steps=4)
+    page.mouse.up()
+    assert float(page.inner_text("#toy-alpha")) > float(before)
+
+
 def chi_square_after_10k(page) -> float:
     page.click("#toy-many")
     return float(page.get_attribute("#toy-chi2", "data-value"))
