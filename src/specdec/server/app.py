@@ -7,6 +7,7 @@ full). Only after all of that can a stream start, so every client error gets a p
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from contextlib import asynccontextmanager
@@ -89,14 +90,14 @@ def create_app(state: ServerState) -> FastAPI:
         return {"object": "list", "data": [_model_card(state)]}
 
     @app.post("/v1/completions", dependencies=[auth])
-    async def completions(request: P.CompletionRequest):
+    async def completions(request: P.CompletionRequest, raw: Request):
         _check_model(state, request)
-        return await _serve(state, request, _completion_prompt(state, request), chat=False)
+        return await _serve(state, request, _completion_prompt(state, request), chat=False, raw=raw)
 
     @app.post("/v1/chat/completions", dependencies=[auth])
-    async def chat_completions(request: P.ChatCompletionRequest):
+    async def chat_completions(request: P.ChatCompletionRequest, raw: Request):
         _check_model(state, request)
-        return await _serve(state, request, _chat_prompt(state, request), chat=True)
+        return await _serve(state, request, _chat_prompt(state, request), chat=True, raw=raw)
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
@@ -243,7 +244,7 @@ def _usage(job: Job, stats: SpecStats) -> dict:
     return P.usage(len(job.prompt_ids), stats.generated, _speculative(job, stats))
 
 
-async def _serve(state: ServerState, request: P.SamplingFields, prompt_ids: list[int], chat: bool):
+async def _serve(state: ServerState, request: P.SamplingFields, prompt_ids: list[int], chat: bool, raw: Request):
     job = _make_job(state, request, prompt_ids, chat)
     events = state.worker.submit(job)  # 503 here, before any byte is sent
     rid = P.new_id("chatcmpl" if chat else "cmpl")
@@ -251,13 +252,26 @@ async def _serve(state: ServerState, request: P.SamplingFields, prompt_ids: list
     if request.stream:
         return StreamingResponse(_sse(job, events, rid, model, chat, request.include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    async for event in events:
-        if isinstance(event, ErrorEvent):
-            raise event.error
-        if isinstance(event, DoneEvent):
-            build = P.chat_response if chat else P.completion_response
-            return build(rid, model, event.text, event.finish_reason, _usage(job, event.stats))
+    watcher = asyncio.create_task(_cancel_on_disconnect(raw, job))
+    try:
+        async for event in events:
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            if isinstance(event, DoneEvent):
+                build = P.chat_response if chat else P.completion_response
+                return build(rid, model, event.text, event.finish_reason, _usage(job, event.stats))
+    finally:
+        watcher.cancel()
     raise P.APIError(503, "the request was dropped before it finished", None, "aborted")
+
+
+async def _cancel_on_disconnect(raw: Request, job: Job, every: float = 0.25) -> None:
+    """A non-streamed request has no writes to fail on: poll for the client leaving."""
+    while not job.cancelled.is_set():
+        if await raw.is_disconnected():
+            job.cancelled.set()  # the engine thread stops after this round
+            return
+        await asyncio.sleep(every)
 
 
 def _sse_data(obj) -> str:
