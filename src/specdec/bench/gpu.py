@@ -35,6 +35,7 @@ def add_flags(p) -> None:
     p.add_argument("--out-dir", default=os.environ.get("OUT", "results"), help="where the JSON goes")
     p.add_argument("--context", type=int, default=512, help="prompt length for the decode timings")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens per generation in the engine runs")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
     p.add_argument("--no-hf-compile", action="store_true", help="skip transformers' static cache + compile row")
 
 
@@ -408,10 +409,15 @@ def run_cpu(args) -> int:
     from specdec.models.loader import load_model
     from specdec.models.native_llama import NativeLlama
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     loaded = load_model("default", device="cpu", backend="hf")
     hf = loaded.model.model
     native = NativeLlama.from_hf(hf, loaded.name, max_length=1024)
-    prompt = loaded.tokenizer("Write a short story about a lighthouse keeper who finds a message in a bottle.").input_ids
+    from specdec.runtime import encode_prompt
+
+    prompt = encode_prompt(loaded.tokenizer, "Write a short story about a lighthouse keeper who finds a message in a bottle.")
+    eos = loaded.tokenizer.eos_token_id
     n = 16 if args.smoke else 64
     engine = Engine(native, NoDrafter(native.device))
     config = GenerationConfig(max_new_tokens=n, k=1, ignore_eos=True)
@@ -427,15 +433,19 @@ def run_cpu(args) -> int:
             out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
             t2 = time.perf_counter()
             hf_tps.append((n - 1) / ((t2 - t1) - (t1 - t0)))
-            same = same and out[0, len(prompt):].tolist() == gen.token_ids
+            # generate() with min_new_tokens bans EOS, the engine (ignore_eos) emits it: compare up to it.
+            cut = gen.token_ids.index(eos) if eos in gen.token_ids else n
+            same = same and out[0, len(prompt):len(prompt) + cut].tolist() == gen.token_ids[:cut]
     res = {"machine": machine_name(), "torch": torch.__version__, "model": loaded.name, "new_tokens": n,
+           "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
            "native_tokens_per_s": native_tps, "hf_generate_tokens_per_s": hf_tps,
            "ratio_median": statistics.median(a / b for a, b in zip(native_tps, hf_tps)), "same_tokens": same,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     out_path = Path(args.out_dir) / "gpu-cpu.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(res, indent=1))
-    print(f"CPU ({res['machine']}), {loaded.name}, {n} new tokens, greedy, A/B alternating:")
+    print(f"CPU ({res['machine']}, {res['threads']} threads, load average {res['load_average'][0]:.1f}), "
+          f"{loaded.name}, {n} new tokens, greedy, A/B alternating:")
     print(f"  native path (engine, no draft): {statistics.median(native_tps):6.1f} tok/s  {native_tps}")
     print(f"  transformers generate():        {statistics.median(hf_tps):6.1f} tok/s  {hf_tps}")
     print(f"  ratio native / generate:        {res['ratio_median']:6.2f}x   same tokens: {same}")
