@@ -15,6 +15,7 @@ BENCH_MODULES: list[str] = [
     "specdec.bench.exactness",
     "specdec.bench.specbench",
     "specdec.bench.serve",
+    "specdec.bench.gpu",
 ]
 
 
