@@ -11,6 +11,9 @@ The layer function is compiled with torch.compile before capture (fused norms, R
 rows are scratch writes past the cache length). The matmul kernels then see one shape whatever
 the number of real tokens, so a verify pass gives each row bit-for-bit the logits that a
 single-token step gives: greedy speculative output equals plain greedy output even in bf16.
+Without padding the default attention (SDPA) already computes each row independently of the row
+count, and an H200 run gave 100% identity (docs/gpu.md); `net.math_attention = True` is ~10%
+faster per step but row-count dependent, so use it together with pad_rows.
 """
 
 from __future__ import annotations
