@@ -8,6 +8,10 @@ from specdec.models.hf import HFCausalLM
 
 VOCAB = 64
 
+# Tests run thousands of tiny ops, where handing work to a second thread costs more than it saves
+# (and on a busy machine, far more). Tests of the real default model raise it again.
+torch.set_num_threads(1)
+
 
 def tiny_llama(seed: int, layers: int = 2, hidden: int = 32, vocab: int = VOCAB, scale: float = 1.0) -> HFCausalLM:
     torch.manual_seed(seed)

@@ -22,7 +22,10 @@ NEW_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def runtime():
-    return build_runtime("default", "lookup", device="cpu", backend="hf")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # a real model: matmuls big enough for both cores
+    yield build_runtime("default", "lookup", device="cpu", backend="hf")
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

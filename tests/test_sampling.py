@@ -42,3 +42,9 @@ def test_seeded_generator_reproduces():
     a = [sample(probs, SamplingParams(seed=5).make_generator()).item() for _ in range(3)]
     b = [sample(probs, SamplingParams(seed=5).make_generator()).item() for _ in range(3)]
     assert a == b
+
+
+def test_tiny_temperature_is_greedy_not_nan():
+    logits = torch.tensor([1.0, 3.0, 2.0])
+    probs = warp_logits(logits, SamplingParams(temperature=5e-324))
+    assert torch.equal(probs, torch.tensor([0.0, 1.0, 0.0]))

@@ -9,7 +9,7 @@ from specdec import SamplingParams, accept_or_fix, residual, verify_greedy, veri
 # The six-token example: the draft over-weights token 1 and under-weights token 0.
 P = torch.tensor([0.40, 0.05, 0.20, 0.10, 0.15, 0.10])
 Q = torch.tensor([0.10, 0.40, 0.20, 0.05, 0.15, 0.10])
-N = 40_000
+N = 20_000
 
 
 def draw_accept_or_fix(p, q, n, seed=0, q_for_rule=None):
@@ -92,7 +92,7 @@ def test_verify_sampled_matches_rule_per_position():
     p = torch.stack([P, Q, P, Q])  # [K+1, V]
     q = torch.stack([Q, P, Q])  # [K, V]
     counts = torch.zeros(6)
-    for _ in range(20_000):
+    for _ in range(10_000):
         drafts = torch.stack([torch.multinomial(q[i], 1, generator=gen)[0] for i in range(3)])
         verdict = verify_sampled(p, drafts, q, gen)
         first = drafts[0].item() if verdict.num_accepted > 0 else verdict.next_token

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 import torch
 
 
+GREEDY_BELOW = 1e-5  # temperatures under this mean greedy (as vLLM does)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are chosen. temperature 0 is greedy; top_k 0 and top_p 1 and min_p 0 are off."""
@@ -34,7 +37,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this, logits / temperature overflows to inf and softmax to NaN; the limit is argmax anyway.
+        return self.temperature < GREEDY_BELOW
 
     def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
         """A generator seeded from `seed` (or from fresh entropy when seed is None)."""

@@ -30,7 +30,6 @@ from specdec.server.metrics import ServerMetrics
 from specdec.server.worker import DoneEvent, EngineWorker, ErrorEvent, Job, TokenEvent
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
-GREEDY_BELOW = 1e-5
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context
 
 
@@ -214,9 +213,7 @@ def _make_job(state: ServerState, request: P.SamplingFields, prompt_ids: list[in
         raise P.APIError(400, f"{param}: prompt ({len(prompt_ids)} tokens) + {param} ({max_tokens}) exceeds "
                               f"the context of {limit} tokens", param, "context_length_exceeded")
     try:
-        # Below 1e-5 (as vLLM does) temperature means greedy: logits / 1e-300 overflow to inf and NaN.
-        temperature = request.temperature if request.temperature >= GREEDY_BELOW else 0.0
-        sampling = SamplingParams(temperature=temperature, top_k=max(0, request.top_k),
+        sampling = SamplingParams(temperature=request.temperature, top_k=max(0, request.top_k),
                                   top_p=request.top_p, min_p=request.min_p, seed=request.seed)
         config = GenerationConfig(max_new_tokens=max_tokens, k=request.k or c.k, sampling=sampling,
                                   stop=request.stop_strings(), ignore_eos=request.ignore_eos)
