@@ -58,7 +58,11 @@ class TargetParts:
 
 
 def target_parts(model) -> TargetParts:
-    """The frozen pieces of a target backend (a CausalLM wrapping a Hugging Face Llama-like model)."""
+    """The frozen pieces of a target backend: the native Llama, or a Hugging Face Llama-like model."""
+    net = getattr(model, "net", None)
+    if net is not None and hasattr(net, "lm_weight"):  # models.native_llama.NativeLlama
+        return TargetParts(net.embed.weight.detach(), net.norm.detach(), float(net.arch.norm_eps),
+                           net.lm_weight().detach())
     hf = getattr(model, "model", model)
     try:
         norm = hf.model.norm

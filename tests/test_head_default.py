@@ -1,0 +1,35 @@
+"""The shipped head on the embedded default model: exact greedy output, and `auto` picks it up."""
+
+import pytest
+import torch
+
+from specdec.drafters import NoDrafter, make_drafter
+from specdec.drafters.combined import LookupThenHead, default_head_path
+from specdec.engine import GenerationConfig
+from specdec.runtime import build_runtime
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(default_head_path() is None, reason="no shipped head in this checkout")]
+
+PROMPTS = ["What is the capital of France?", "Write a short poem about the sea."]
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    return build_runtime("default", "auto", device="cpu")
+
+
+def test_auto_is_lookup_plus_shipped_head(runtime):
+    assert isinstance(runtime.drafter, LookupThenHead)
+
+
+@pytest.mark.parametrize("draft", ["head", "lookup+head"])
+def test_greedy_identity_with_shipped_head(runtime, draft):
+    plain = runtime.with_drafter(NoDrafter(torch.device("cpu")))
+    spec = runtime.with_drafter(make_drafter(f"{draft}:{default_head_path()}", runtime.target))
+    config = GenerationConfig(max_new_tokens=24, k=4)
+    for prompt in PROMPTS:
+        ids = runtime.encode(prompt)
+        gen = spec.engine.generate(ids, config)
+        assert gen.token_ids == plain.engine.generate(ids, config).token_ids
+        assert gen.stats.accepted > 0  # the trained head's drafts do get kept
