@@ -407,6 +407,7 @@ def run_cpu(args) -> int:
     from specdec.drafters.none import NoDrafter
     from specdec.engine import Engine, GenerationConfig
     from specdec.models.loader import load_model
+    from specdec.models.llama_net import build_net, load_hf_state
     from specdec.models.native_llama import NativeLlama
 
     if args.threads:
@@ -414,6 +415,9 @@ def run_cpu(args) -> int:
     loaded = load_model("default", device="cpu", backend="hf")
     hf = loaded.model.model
     native = NativeLlama.from_hf(hf, loaded.name, max_length=1024)
+    bf16_net = build_net(native.arch, native.net.slots, native.device, torch.bfloat16)
+    load_hf_state(bf16_net, hf.state_dict())  # copy_ rounds the fp32 weights; hf stays fp32
+    native_bf16 = NativeLlama(bf16_net, loaded.name + " bf16", max_length=1024)
     from specdec.runtime import encode_prompt
 
     prompt = encode_prompt(loaded.tokenizer, "Write a short story about a lighthouse keeper who finds a message in a bottle.")
@@ -422,11 +426,13 @@ def run_cpu(args) -> int:
     engine = Engine(native, NoDrafter(native.device))
     config = GenerationConfig(max_new_tokens=n, k=1, ignore_eos=True)
     ids = torch.tensor([prompt])
-    native_tps, hf_tps, same = [], [], True
+    engine_bf16 = Engine(native_bf16, NoDrafter(native.device))
+    native_tps, hf_tps, bf16_tps, same = [], [], [], True
     with torch.inference_mode():
         for _ in range(1 if args.smoke else 3):
             gen = engine.generate(prompt, config)
             native_tps.append(gen.stats.tokens_per_second)
+            bf16_tps.append(engine_bf16.generate(prompt, config).stats.tokens_per_second)
             t0 = time.perf_counter()
             hf.generate(ids, max_new_tokens=1, do_sample=False)
             t1 = time.perf_counter()
@@ -440,6 +446,8 @@ def run_cpu(args) -> int:
            "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
            "native_tokens_per_s": native_tps, "hf_generate_tokens_per_s": hf_tps,
            "ratio_median": statistics.median(a / b for a, b in zip(native_tps, hf_tps)), "same_tokens": same,
+           "native_bf16_tokens_per_s": bf16_tps,
+           "bf16_ratio_median": statistics.median(a / b for a, b in zip(bf16_tps, hf_tps)),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     out_path = Path(args.out_dir) / "gpu-cpu.json"
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -449,4 +457,6 @@ def run_cpu(args) -> int:
     print(f"  native path (engine, no draft): {statistics.median(native_tps):6.1f} tok/s  {native_tps}")
     print(f"  transformers generate():        {statistics.median(hf_tps):6.1f} tok/s  {hf_tps}")
     print(f"  ratio native / generate:        {res['ratio_median']:6.2f}x   same tokens: {same}")
+    print(f"  native path in bf16 weights:    {statistics.median(bf16_tps):6.1f} tok/s  {bf16_tps}"
+          f"  ({res['bf16_ratio_median']:.2f}x generate in fp32; other numerics, not like for like)")
     return 0
