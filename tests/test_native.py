@@ -122,3 +122,21 @@ def test_embedded_default_matches_transformers():
     native = NativeLlama.from_hf(loaded.model.model, "default", max_length=64)
     tokens = torch.tensor(loaded.tokenizer("The capital of France is Paris, and the capital of").input_ids)
     assert_same_steps(loaded.model, native, tokens, [len(tokens) - 3, 1, 2])
+
+
+def test_backend_choice():
+    from transformers import GPT2LMHeadModel
+
+    from specdec.errors import ModelLoadError
+    from specdec.models.loader import load_model, wrap_backend
+
+    model = hf_model("llama-tied")
+    assert isinstance(wrap_backend(model, "x", "native"), NativeLlama)
+    assert isinstance(wrap_backend(model, "x", "auto"), HFCausalLM)  # CPU: auto keeps transformers
+    assert isinstance(wrap_backend(model, "x", "hf"), HFCausalLM)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
+    assert isinstance(wrap_backend(gpt2, "g", "auto"), HFCausalLM)
+    with pytest.raises(ModelLoadError, match="backend native cannot run"):
+        wrap_backend(gpt2, "g", "native")
+    with pytest.raises(ModelLoadError, match="unknown backend"):
+        load_model("default", backend="fast")
