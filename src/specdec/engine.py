@@ -184,7 +184,7 @@ class Engine:
         generator = params.make_generator(self.target.device)
         clock = _Clock(self.target.device)
         self.target.reset()
-        features = self._target_pass(self._tensor(context[:-1]))[1] if len(context) > 1 else None
+        features = self._prefill(self._tensor(context[:-1])) if len(context) > 1 else None
         self.drafter.begin(context)
         if features is not None:
             self.drafter.observe(features)
@@ -232,6 +232,13 @@ class Engine:
         if features is not None:  # the pending token and the kept drafts are now part of the text
             self.drafter.observe(features[: verdict.num_accepted + 1])
         return verdict
+
+    def _prefill(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """Run the prompt minus its last token into the target's cache; features only if the drafter reads them."""
+        if self.drafter.needs_target_features:
+            return self.target.forward_with_hidden(tokens)[1]
+        self.target.extend(tokens)
+        return None
 
     def _target_pass(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Target forward over tokens [n]: logits [n, V], and features [n, D] if the drafter reads them."""

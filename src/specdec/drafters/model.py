@@ -25,7 +25,7 @@ class ModelDrafter(Drafter):
     def begin(self, prompt: list[int]) -> None:
         self.model.reset()
         if len(prompt) > 1:
-            self.model.forward(self._tensor(prompt[:-1]))
+            self.model.extend(self._tensor(prompt[:-1]))
 
     def propose(
         self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator

@@ -37,6 +37,14 @@ class CausalLM(ABC):
     def rollback(self, length: int) -> None:
         """Forget every cached token after the first `length`."""
 
+    def extend(self, tokens: torch.Tensor) -> None:
+        """Append tokens [n] to the cache when their logits are not needed (a prompt's prefill).
+
+        Backends override this to skip the LM head over all n positions: for a 500-token prompt
+        and a 49k vocabulary that is most of the prefill's arithmetic.
+        """
+        self.forward(tokens)
+
     def reset(self) -> None:
         self.rollback(0)
 

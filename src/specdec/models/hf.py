@@ -20,6 +20,7 @@ class HFCausalLM(CausalLM):
         # transformers renamed `past_key_values` to `cache` in 5.x; accept both.
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._can_skip_logits = "logits_to_keep" in params
         self._cache = DynamicCache()
 
     @property
@@ -36,13 +37,18 @@ class HFCausalLM(CausalLM):
             self._cache.crop(-extra)  # negative: remove that many (the form every version accepts)
 
     @torch.inference_mode()
-    def _run(self, tokens: torch.Tensor, hidden: bool):
+    def _run(self, tokens: torch.Tensor, hidden: bool, **extra):
         return self.model(
             input_ids=tokens[None],
             use_cache=True,
             output_hidden_states=hidden,
             **{self._cache_kwarg: self._cache},
+            **extra,
         )
+
+    def extend(self, tokens: torch.Tensor) -> None:
+        # logits for the last position only: the LM head over a whole prompt is wasted work.
+        self._run(tokens, hidden=False, **({"logits_to_keep": 1} if self._can_skip_logits else {}))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._run(tokens, hidden=False).logits[0].float()
