@@ -25,8 +25,9 @@ def test_int8_linear_is_close_to_fp32(linear, packed):
     torch.testing.assert_close(q(x), linear(x), atol=0.02, rtol=0.02)
 
 
-def test_int4_packed_kernel_matches_dequantized_weights(linear):
-    x = torch.randn(2, 64)
+@pytest.mark.parametrize("rows", [1, 2, 5])  # 5 rows: a prefill, through the dequantized GEMM
+def test_int4_packed_kernel_matches_dequantized_weights(linear, rows):
+    x = torch.randn(rows, 64)
     packed, plain = Int4Linear(linear, packed=True), Int4Linear(linear, packed=False)
     assert packed.packed and not plain.packed
     torch.testing.assert_close(packed(x), plain(x), atol=1e-4, rtol=1e-4)

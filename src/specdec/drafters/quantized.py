@@ -27,6 +27,9 @@ from specdec.drafters.model import ModelDrafter
 from specdec.errors import ModelLoadError
 
 INT4_GROUP = 32
+# The packed CPU kernels are matrix-vector kernels: cost grows with every row. Longer inputs (a draft's
+# prefill) go through a dequantized GEMM instead, which is far faster there and computes the same weights.
+PACKED_MAX_ROWS = 2
 KERNELS = ("auto", "packed", "dequant", "dynamic")
 
 
@@ -54,7 +57,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         flat = x.reshape(-1, x.shape[-1])  # [M, K]
-        if self.packed:
+        if self.packed and flat.shape[0] <= PACKED_MAX_ROWS:
             y = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scale.to(flat.dtype))
         else:  # a per-channel scale commutes with the matmul: scale the output, not the weight
             y = F.linear(flat, self.weight_int8.to(flat.dtype)) * self.scale.to(flat.dtype)
@@ -84,10 +87,9 @@ class Int4Linear(nn.Module):
             self.register_buffer("weight_packed",
                                  torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.reshape(n, k), 1))  # [N, K/2]
             self.register_buffer("scales_and_zeros", torch.stack([scale, zero], -1).transpose(0, 1).contiguous())
-        else:
-            self.register_buffer("codes", q.to(torch.int8))  # [N, G, 32], values 0..15
-            self.register_buffer("scale", scale)  # [N, G]
-            self.register_buffer("zero", zero)  # [N, G]
+        self.register_buffer("codes", q.to(torch.int8))  # [N, G, 32], values 0..15 (for the GEMM path)
+        self.register_buffer("scale", scale)  # [N, G]
+        self.register_buffer("zero", zero)  # [N, G]
 
     def dequantized(self) -> torch.Tensor:
         """The weight [N, K] these codes stand for (the fallback path's matmul operand)."""
@@ -96,7 +98,7 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         flat = x.reshape(-1, x.shape[-1])  # [M, K]
-        if self.packed:
+        if self.packed and flat.shape[0] <= PACKED_MAX_ROWS:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 flat, self.weight_packed, self.group, self.scales_and_zeros.to(flat.dtype))
         else:
