@@ -41,7 +41,7 @@ def load_target(args: argparse.Namespace):
     from specdec.models.loader import load_model
 
     setup(args)
-    return load_model(args.target, device=args.device, dtype=args.dtype)
+    return load_model(args.target, device=args.device, dtype=args.dtype, backend=getattr(args, "backend", "auto"))
 
 
 def runtime_pair(target, draft: str, draft_dtype: str | None = None):
