@@ -19,7 +19,10 @@ def add_model_flags(parser: argparse.ArgumentParser, draft_default: str = "looku
     parser.add_argument("--target", default="default",
                         help="target model: `default` (embedded SmolLM2-135M), a hub id, a directory or a .gguf")
     parser.add_argument("--draft", default=draft_default,
-                        help="draft: `lookup`, `none`, or a model of the same tokenizer (default: %(default)s)")
+                        help="draft: `auto` (lookup+head with the shipped head for the embedded target, else "
+                             "lookup), `lookup`, `none`, `self-int8`/`self-int4`/`self-bf16` (a quantized copy of "
+                             "the target), `head:PATH`, `lookup+head:PATH`, `oracle:ALPHA[:DRAFT]` (engine "
+                             "benchmarks), or a model of the same tokenizer (default: %(default)s)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu)")
     parser.add_argument("--backend", choices=("auto", "native", "hf"), default="auto",
