@@ -77,15 +77,6 @@ def make_engine(kind: str) -> Engine:
     return Engine(target, drafter)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Thousands of microsecond-sized ops: thread hand-offs would cost more than the work."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("kind, params", [("model", HOT), ("model", WARPED), ("lookup", HOT), ("none", WARPED)],
                          ids=["model-t1", "model-topk-topp", "lookup-t1", "none-topk-topp"])
 def test_output_follows_target_distribution(kind, params):

@@ -18,14 +18,6 @@ from tests.test_exactness import HOT, WARPED, exact_joint, goodness_of_fit, samp
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def examples_from(model, prompts: list[list[int]], new_tokens: int = 16, top_k: int = 4) -> list[dict]:
     """Training examples (the format of specdec.train.data) from a model's own greedy answers."""
     out = []
