@@ -17,7 +17,7 @@ import argparse
 from collections import Counter
 from dataclasses import dataclass
 
-from specdec.commands import positive_int
+from specdec.commands import add_k_flag, positive_int
 
 DEFAULT_PROMPT = "Tell me a short story about a dragon and a knight."
 
@@ -42,7 +42,7 @@ def register(sub) -> None:
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt (chat template applied)")
     p.add_argument("--samples", type=positive_int, default=100, help="completions per method and setting")
     p.add_argument("--positions", type=positive_int, default=4, help="positions compared (default: %(default)s)")
-    p.add_argument("-k", "--num-draft-tokens", type=positive_int, default=4, dest="k")
+    add_k_flag(p)
     p.add_argument("--top-k", type=int, default=20, help="top-k of the second setting (default: %(default)s)")
     p.add_argument("--top-p", type=float, default=0.9, help="top-p of the second setting (default: %(default)s)")
     p.add_argument("--significance", type=float, default=0.01, help="family-wise level (default: %(default)s)")

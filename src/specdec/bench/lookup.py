@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.commands import positive_int
+from specdec.commands import add_k_flag, positive_int
 
 CODE = '''def total_price(items, tax_rate):
     subtotal = 0
@@ -64,8 +64,7 @@ def register(sub) -> None:
     from specdec.bench.common import add_bench_flags
 
     add_bench_flags(p, draft_default="lookup")
-    p.add_argument("-k", "--num-draft-tokens", type=positive_int, default=5, dest="k",
-                   help="K, draft tokens per round (default: %(default)s)")
+    add_k_flag(p, default=5)
     p.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens per answer (default: %(default)s)")
     p.add_argument("--per-category", type=positive_int, default=2, help="prompts per category (default: all 2)")
     p.set_defaults(func=run)

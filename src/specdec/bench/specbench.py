@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from specdec.commands import positive_int
+from specdec.commands import add_k_flag, positive_int
 
 QUESTIONS = Path(__file__).resolve().parent.parent / "data" / "spec_bench" / "question.jsonl"
 
@@ -25,8 +25,7 @@ def register(sub) -> None:
     p = sub.add_parser("specbench", help="Spec-Bench: tau and speedup per category (greedy, batch 1)",
                        description="Spec-Bench questions (first turn), greedy: tau and speedup by category.")
     add_bench_flags(p, draft_default="lookup")
-    p.add_argument("-k", "--num-draft-tokens", type=positive_int, default=5, dest="k",
-                   help="K, draft tokens per round (default: %(default)s)")
+    add_k_flag(p, default=5)
     p.add_argument("--per-category", type=positive_int, default=1,
                    help="first N questions of each category (default: %(default)s; 80 = all of the big ones)")
     p.add_argument("--categories", default=None, help="comma-separated categories (default: all 13)")

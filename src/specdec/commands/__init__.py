@@ -30,9 +30,14 @@ def add_model_flags(parser: argparse.ArgumentParser, draft_default: str = "looku
                              "transformers model), auto (native on CUDA when supported) (default: %(default)s)")
 
 
+def add_k_flag(parser: argparse.ArgumentParser, default: int = 4, note: str = "") -> None:
+    """-k/--num-draft-tokens, the same flag in every command that drafts."""
+    parser.add_argument("-k", "--num-draft-tokens", type=positive_int, default=default, dest="k",
+                        help=f"K, draft tokens per round{note} (default: %(default)s)")
+
+
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-k", "--num-draft-tokens", type=positive_int, default=4, dest="k",
-                        help="K, draft tokens per round (default: %(default)s)")
+    add_k_flag(parser)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")

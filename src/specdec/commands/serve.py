@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from specdec.commands import add_model_flags, positive_int
+from specdec.commands import add_k_flag, add_model_flags, positive_int
 
 EXTRA_DRAFTERS = ("none", "lookup")  # cheap to keep loaded; the web view compares against them
 
@@ -16,8 +16,7 @@ def register(sub) -> None:
                                    "and a web view at / . One engine runs one request at a time; others wait "
                                    "in a bounded queue.")
     add_model_flags(p)
-    p.add_argument("-k", "--num-draft-tokens", type=positive_int, default=4, dest="k",
-                   help="K, draft tokens per round unless a request sets `k` (default: %(default)s)")
+    add_k_flag(p, note=" unless a request sets `k`")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
