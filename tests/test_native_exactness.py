@@ -18,7 +18,7 @@ from tests.test_engine_greedy import (  # noqa: F401  (collected again with the 
     test_speculation_really_happens,
     test_stats_add_up,
 )
-from tests.test_exactness import HOT, V, exact_joint, goodness_of_fit, one_thread, sampled_joint  # noqa: F401
+from tests.test_exactness import HOT, V, exact_joint, goodness_of_fit, sampled_joint
 
 
 def native(hf_model, name: str) -> NativeLlama:
