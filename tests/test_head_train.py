@@ -58,5 +58,20 @@ def test_prompts_are_varied_and_not_spec_bench():
 
     bench = {json.loads(line)["turns"][0] for line in QUESTIONS.read_text().splitlines() if line.strip()}
     assert not bench & set(prompts)
-    kinds = ["Translate", "Summar", "function", "Solve", "poem", "Pretend"]
+    kinds = ["Translate", "into English", "Summar", "function", "Solve", "Write a", "Pretend", "Document 1"]
     assert all(any(k in p for p in prompts) for k in kinds)
+
+
+def test_collate_keeps_a_prompt_longer_than_max_len_as_context_only():
+    from specdec.train.trainer import collate
+
+    def example(prompt: int, answer: int) -> dict:
+        n = prompt + answer
+        return {"ids": torch.arange(n, dtype=torch.int32), "features": torch.randn(n - 1, 4).bfloat16(),
+                "start": prompt, "top_ids": torch.zeros(answer, 2, dtype=torch.int32),
+                "top_p": torch.full((answer, 2), 0.5, dtype=torch.float16)}
+
+    sub_index = torch.arange(64)
+    batch = collate([example(20, 10), example(5, 10)], sub_index, max_len=16)
+    assert not batch.mask[0].any() and batch.mask[1].sum() == 10  # row 0: its answer lies past max_len
+    assert batch.feats.shape == (2, 14, 4) and batch.feats[0].abs().sum() > 0

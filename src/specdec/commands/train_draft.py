@@ -33,6 +33,7 @@ def register(sub) -> None:
     t.add_argument("--unroll", type=positive_int, default=2, help="drafting steps simulated in training (default: %(default)s)")
     t.add_argument("--draft-vocab", type=positive_int, default=8192, help="LM head rows the head may draft")
     t.add_argument("--eval-every", type=positive_int, default=100)
+    t.add_argument("--val-examples", type=positive_int, default=24, help="held-out answers (at most a fifth of them)")
     t.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
@@ -48,11 +49,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_model(args.target, device=args.device, dtype=args.dtype)
+    target = load_model(args.target, device=args.device, dtype=args.dtype, backend="hf")  # needs HF generate()
     data_config = DataConfig(num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                              batch_size=args.gen_batch, top_k=args.top_k_probs, seed=args.seed)
     train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
-                               draft_vocab=args.draft_vocab, eval_every=args.eval_every, seed=args.seed)
+                               draft_vocab=args.draft_vocab, eval_every=args.eval_every,
+                               val_examples=args.val_examples, seed=args.seed)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.target)
     summary = train_draft(target, Path(args.out), data_dir, data_config, train_config,
                           progress=not args.no_progress)

@@ -112,10 +112,10 @@ def _example(prompt: list[int], width: int, answer: torch.Tensor, feats: torch.T
     features = feats[pad:pad + len(ids) - 1]  # [n-1, D]
     probs = torch.softmax(logits[:length], dim=-1)  # [R, V]
     top = probs.topk(top_k, dim=-1)
-    return {
+    return {  # on the CPU, so that shards load anywhere (load_examples moves them)
         "ids": torch.tensor(ids, dtype=torch.int32),
-        "features": features.to(torch.bfloat16).clone(),
+        "features": features.to(torch.bfloat16).cpu().clone(),
         "start": len(prompt),
-        "top_ids": top.indices.to(torch.int32),
-        "top_p": top.values.to(torch.float16),
+        "top_ids": top.indices.to(torch.int32).cpu(),
+        "top_p": top.values.to(torch.float16).cpu(),
     }

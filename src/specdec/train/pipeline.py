@@ -29,7 +29,7 @@ def train_draft(target: LoadedModel, out: Path, data_dir: Path, data_config: Dat
     if hf_model is None or not hasattr(hf_model, "generate"):
         raise InvalidRequestError("train-draft needs a Hugging Face target backend (it uses generate())")
     shards = build_dataset(hf_model, target.tokenizer, data_dir, data_config, progress=progress)
-    examples = load_examples(shards)
+    examples = load_examples(shards, device=next(hf_model.parameters()).device)
     if len(examples) < 2:
         raise InvalidRequestError("the target gave too few usable answers to train on; raise --prompts")
     tokens = sum(int(e["ids"].shape[0]) - int(e["start"]) for e in examples)
@@ -38,8 +38,13 @@ def train_draft(target: LoadedModel, out: Path, data_dir: Path, data_config: Dat
     draft_vocab = min(train_config.draft_vocab, parts.lm_head.shape[0])
     head_config = config_for_target(target.model, draft_vocab)
     ckpt = Path(str(out) + ".ckpt")
-    with torch.enable_grad():
-        head, history = fit(parts, head_config, examples, train_config, ckpt, progress=progress, log=log)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # TF32 for the head's training only; the data above is full fp32
+    try:
+        with torch.enable_grad():
+            head, history = fit(parts, head_config, examples, train_config, ckpt, progress=progress, log=log)
+    finally:
+        torch.set_float32_matmul_precision(precision)
     summary = {"target": target.name, "answers": len(examples), "answer_tokens": tokens,
                "data": asdict(data_config), "train": asdict(train_config), "history": history}
     head.save(out, meta=summary)

@@ -1,8 +1,9 @@
 """Synthetic instructions for distilling a draft head: varied tasks, none taken from Spec-Bench.
 
 The head must learn the target's own answers to the kinds of requests people make (writing, QA,
-coding, math, summarising or translating a given text, roleplay, extraction...). Spec-Bench is the
-test set, so the prompts here are built from our own templates and word lists, shuffled by a seed.
+coding, math, summarising or translating a given text, roleplay, extraction, answering from given
+passages...). Spec-Bench is the test set, so the prompts here are built from our own templates and
+word lists, shuffled by a seed.
 """
 
 from __future__ import annotations
@@ -20,11 +21,40 @@ TOPICS = [
     "healthy eating", "meditation", "the printing of money", "airplanes", "microplastics", "Shakespeare",
     "the periodic table", "cloud computing", "bread baking", "gardening", "public libraries", "remote work",
     "space telescopes", "the Silk Road", "electricity", "friendship", "time management", "video games",
+    "the Industrial Revolution", "antibiotics", "the Amazon river", "glaciers", "wind turbines", "solar panels",
+    "the Cold War", "the Byzantine Empire", "the Maya civilisation", "ancient Greece", "democracy",
+    "supply and demand", "cryptocurrency", "interest rates", "the human brain", "nutrition for athletes",
+    "mental health", "urban planning", "public transport", "smartphones", "3D printing", "robotics",
+    "self-driving cars", "nuclear energy", "the theory of evolution", "the Big Bang", "gravity", "magnets",
+    "rainbows", "lightning", "hurricanes", "coral reefs", "deserts", "the Arctic", "penguins", "elephants",
+    "wolves", "octopuses", "migrating birds", "mushrooms", "the history of writing", "opera", "hip hop",
+    "classical music", "film making", "photography", "modern art", "architecture", "poetry", "theatre",
+    "the novel", "philosophy", "ethics", "the scientific method", "statistics", "probability", "algebra",
+    "geometry", "prime numbers", "cryptography", "computer viruses", "databases", "operating systems",
+    "open source software", "web design", "cybersecurity", "email etiquette", "job interviews",
+    "personal finance", "saving for retirement", "starting a small business", "marketing", "negotiation",
+    "leadership", "teamwork", "public speaking", "learning a language", "studying for exams", "homeschooling",
+    "parenting", "pets", "dog training", "houseplants", "cooking pasta", "vegetarian diets", "tea",
+    "chocolate", "wine making", "cheese", "spices", "the history of medicine", "surgery", "the common cold",
+    "exercise", "running a marathon", "yoga", "football", "basketball", "tennis", "mountain climbing",
+    "camping", "sailing", "travel in Japan", "travel in Italy", "the Alps", "the Sahara", "volunteering",
+    "human rights", "the United Nations", "elections", "taxes", "globalisation", "immigration", "cities",
+    "farming", "fishing", "water pollution", "air quality", "forests", "biodiversity", "bees and pollination",
+    "the ozone layer", "satellites", "Mars exploration", "the International Space Station", "comets",
+    "the speed of light", "atoms", "chemical reactions", "batteries", "semiconductors", "lasers", "sound waves",
+    "the history of the bicycle", "trains", "ships", "bridges", "skyscrapers", "castles", "museums",
+    "fairy tales", "mythology", "the Vikings", "the Aztecs", "the Ottoman Empire", "the Mongol Empire",
+    "the American Revolution", "the history of jazz", "board games", "magic tricks", "happiness", "habits",
+    "creativity", "curiosity", "boredom", "memory", "dreams", "languages of the world", "emoji",
 ]
 PEOPLE = ["a pirate captain", "a medieval knight", "a friendly robot", "a detective", "a chef",
           "a tour guide in Rome", "a wise old wizard", "a startup founder", "a kindergarten teacher",
-          "an astronaut on Mars", "a sports coach", "a museum curator", "a travel agent", "a doctor"]
-LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese"]
+          "an astronaut on Mars", "a sports coach", "a museum curator", "a travel agent", "a doctor",
+          "a grumpy librarian", "a famous novelist", "a park ranger", "a time traveller from 1850",
+          "a job interviewer", "a personal trainer", "a customer support agent", "a history professor",
+          "a news reporter", "a farmer", "a lighthouse keeper", "a dragon", "a cat who can talk",
+          "Sherlock Holmes", "a ship's navigator", "a marine biologist", "a stand-up comedian", "a therapist"]
+LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese", "Dutch"]
 SENTENCES = [
     "The weather is beautiful today, so we are going to the park.", "I would like a cup of tea, please.",
     "Where is the nearest train station?", "My brother is learning to play the guitar.",
@@ -32,6 +62,35 @@ SENTENCES = [
     "We need to buy bread, milk and eggs.", "The museum opens at nine in the morning.",
     "She has lived in this city for ten years.", "Can you help me carry these boxes?",
     "The children are playing in the garden.", "This restaurant serves the best pizza in town.",
+    "The government announced new rules for public transport yesterday.",
+    "Our team finished the project two weeks ahead of schedule.", "I forgot my umbrella at the office.",
+    "The concert was cancelled because of the storm.", "Please send me the report by Friday.",
+    "He has never seen the sea before.", "The price of fuel rose sharply last month.",
+]
+FOREIGN = [  # (language, sentence) to translate into English
+    ("German", "Die Regierung hat gestern ein neues Gesetz zum Klimaschutz beschlossen."),
+    ("German", "Ich habe meinen Schlüssel im Zug vergessen und musste lange warten."),
+    ("German", "Das Museum ist montags geschlossen, aber am Wochenende sehr voll."),
+    ("German", "Viele Studenten arbeiten neben dem Studium, um ihre Miete zu bezahlen."),
+    ("German", "Der Bürgermeister eröffnete am Samstag die neue Brücke über den Fluss."),
+    ("German", "Wegen des starken Regens fielen mehrere Spiele der Liga aus."),
+    ("German", "Die Firma plant, im nächsten Jahr zweihundert neue Mitarbeiter einzustellen."),
+    ("German", "Meine Großmutter backt jeden Sonntag einen Apfelkuchen für die ganze Familie."),
+    ("German", "Die Preise für Lebensmittel sind in den letzten Monaten deutlich gestiegen."),
+    ("German", "Forscher haben eine neue Art von Frosch im Regenwald entdeckt."),
+    ("German", "Der Zug nach Berlin hat heute eine Verspätung von dreißig Minuten."),
+    ("German", "Kannst du mir bitte erklären, wie dieses Programm funktioniert?"),
+    ("French", "Le gouvernement a présenté hier un nouveau plan pour les transports publics."),
+    ("French", "Nous avons passé nos vacances au bord de la mer en Bretagne."),
+    ("French", "La bibliothèque municipale sera fermée pendant les travaux de rénovation."),
+    ("French", "Les chercheurs ont publié une étude sur les effets du sommeil sur la mémoire."),
+    ("French", "Mon voisin joue du piano tous les soirs après le dîner."),
+    ("Spanish", "El equipo local ganó el partido en el último minuto."),
+    ("Spanish", "Mañana vamos a visitar a mis abuelos en el campo."),
+    ("Spanish", "La empresa anunció que abrirá una nueva fábrica el próximo año."),
+    ("Spanish", "Los científicos creen que el hielo del Ártico desaparece cada vez más rápido."),
+    ("Italian", "Il treno per Milano parte alle otto e mezza dal binario tre."),
+    ("Italian", "Ogni estate la città organizza un festival di musica all'aperto."),
 ]
 CODE_TASKS = [
     "reverses a string", "checks whether a number is prime", "computes the factorial of n",
@@ -39,10 +98,35 @@ CODE_TASKS = [
     "removes duplicates from a list", "computes the n-th Fibonacci number", "checks if a word is a palindrome",
     "sorts a list of dictionaries by a key", "reads a CSV file and prints each row", "converts Celsius to Fahrenheit",
     "implements binary search", "counts word frequencies in a text", "flattens a nested list",
+    "finds the longest common prefix of a list of strings", "validates an email address",
+    "computes the greatest common divisor of two numbers", "transposes a matrix", "implements a stack class",
+    "implements a queue with two stacks", "parses a date string and prints the weekday",
+    "finds all anagrams of a word in a list", "computes the median of a list", "implements bubble sort",
+    "implements merge sort", "checks whether parentheses are balanced", "converts a number to Roman numerals",
+    "downloads a web page and counts its links", "finds the shortest path in a grid with BFS",
+    "implements a simple linked list", "rotates an array by k positions", "computes the sum of digits of a number",
 ]
-LANGS_CODE = ["Python", "JavaScript", "C", "Java", "Rust", "Go"]
-NAMES = ["Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jonas"]
-ITEMS = ["apples", "books", "pencils", "marbles", "cookies", "stickers", "oranges", "cards"]
+LANGS_CODE = ["Python", "JavaScript", "C", "C++", "Java", "Rust", "Go", "TypeScript", "SQL", "Bash"]
+SNIPPETS = [
+    "def add(a, b):\n    return a - b",
+    "for i in range(10):\n    if i % 2 == 0:\n        print(i)",
+    "def mean(xs):\n    return sum(xs) / len(xs)",
+    "function greet(name) {\n  return 'Hello, ' + name;\n}",
+    "def find(xs, x):\n    for i in range(len(xs)):\n        if xs[i] == x:\n            return i\n    return -1",
+    "int max(int a, int b) { return a > b ? a : b; }",
+    "SELECT name, COUNT(*) FROM orders GROUP BY name ORDER BY COUNT(*) DESC;",
+    "numbers = [3, 1, 2]\nnumbers.sort()\nprint(numbers[-1])",
+    "def is_even(n):\n    return n % 2 == 1",
+    "const squares = [1, 2, 3].map(x => x * x);",
+]
+NAMES = ["Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kofi", "Lena",
+         "Mateo", "Nadia", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tariq", "Uma", "Victor", "Wen", "Yusuf"]
+ITEMS = ["apples", "books", "pencils", "marbles", "cookies", "stickers", "oranges", "cards", "eggs", "tickets",
+         "flowers", "coins", "cupcakes", "bottles of water", "notebooks", "toy cars"]
+CITIES = ["Lisbon", "Nairobi", "Toronto", "Osaka", "Melbourne", "Lyon", "Krakow", "Austin", "Seville", "Bergen",
+          "Valparaiso", "Hanoi", "Edinburgh", "Porto", "Denver", "Tallinn"]
+COMPANIES = ["Northwind Labs", "Bluepeak Foods", "Orbital Parts", "Greenleaf Energy", "Harbor Books",
+             "Quantix Software", "Riverstone Bank", "Sunrise Clinics", "Atlas Freight", "Maple Games"]
 
 WRITING = [
     "Write a short story about {topic}.", "Write a poem about {topic}.", "Write a blog post about {topic}.",
@@ -50,6 +134,16 @@ WRITING = [
     "Draft a friendly email inviting a colleague to a talk about {topic}.",
     "Write a product description for a board game about {topic}.", "Write a haiku about {topic}.",
     "Write a speech for a school assembly about {topic}.", "Describe {topic} to a five-year-old.",
+    "Write a limerick about {topic}.", "Write a diary entry of {person} who discovers {topic}.",
+    "Write a dialogue between {person} and a student about {topic}.",
+    "Write a news article announcing a breakthrough in {topic}.",
+    "Compose a formal letter to the mayor asking for more support for {topic}.",
+    "Write a travel blog post that mentions {topic}.", "Write a short mystery story involving {topic}.",
+    "Write a catchy slogan and a short advert for a course on {topic}.",
+    "Write a three-paragraph essay on {topic} with a title.", "Write a song chorus about {topic}.",
+    "Write a children's bedtime story about {topic} and {other}.",
+    "Write a review of an imaginary documentary about {topic}.",
+    "Write a motivational message for someone who is struggling to understand {topic}.",
 ]
 QA = [
     "What is {topic}?", "Explain {topic} in simple terms.", "Why is {topic} important?",
@@ -57,23 +151,39 @@ QA = [
     "What are the pros and cons of {topic}?", "Give me a short history of {topic}.",
     "What are common misconceptions about {topic}?", "List five questions a student might ask about {topic}.",
     "Compare {topic} and {other}.", "How are {topic} and {other} related?",
+    "Can you explain {topic} like I'm a beginner?", "What should everyone know about {topic}?",
+    "Tell me about {topic}.", "What is the future of {topic}?", "Who are the most important people in {topic}?",
+    "What are the main challenges of {topic} today?", "How has {topic} changed over the last century?",
+    "Give me a one-sentence definition of {topic}.", "What books would you recommend to learn about {topic}?",
+    "Is {topic} overrated? Give a balanced answer.", "What careers are related to {topic}?",
 ]
 ROLEPLAY = [
     "Pretend you are {person}. Introduce yourself and talk about {topic}.",
     "You are {person}. Give me advice about {topic}.",
     "Act as {person} and describe a typical day at work.",
+    "Imagine you are {person}. A visitor asks you about {topic}. What do you say?",
+    "Role-play as {person} and answer my question: what do you think about {topic}?",
+    "Pretend you are {person} writing a letter home. Mention {topic}.",
+    "You are {person}. Convince me to care about {topic}.",
 ]
 REASONING = [
     "Give step-by-step advice for someone who wants to learn about {topic}.",
     "Plan a one-week study schedule to learn about {topic}.",
     "What would happen if {topic} suddenly disappeared? Think it through.",
     "Extract the key terms a beginner must know about {topic} and define each one.",
+    "What are the causes and effects of {topic}? Explain your reasoning.",
+    "Design a simple experiment to learn something about {topic}.",
+    "Argue for and against investing public money in {topic}, then give your conclusion.",
+    "Explain step by step how you would teach {topic} to a group of ten-year-olds.",
+    "Make a table comparing {topic} and {other} on three criteria.",
+    "List the steps to get started with {topic}, numbered.",
 ]
 
 
 def _math(rng: random.Random) -> str:
     a, b, c = rng.randint(2, 60), rng.randint(2, 40), rng.randint(2, 9)
     name, other, item = rng.choice(NAMES), rng.choice(NAMES), rng.choice(ITEMS)
+    price, pct = rng.randint(3, 90), rng.choice([10, 15, 20, 25, 30, 40, 50])
     forms = [
         f"{name} has {a} {item}. {other} gives {name} {b} more, then {name} shares them equally among {c} friends. "
         f"How many {item} does each friend get, and how many are left? Solve step by step.",
@@ -83,12 +193,25 @@ def _math(rng: random.Random) -> str:
         f"Solve for x: {c}x + {a} = {a + c * b}.",
         f"A train travels {a * 10} km in {c} hours. What is its average speed? Then how far does it go in {b} hours?",
         f"The sum of two numbers is {a + b} and their difference is {abs(a - b)}. Find the numbers.",
+        f"A jacket costs {price} dollars. It is on sale for {pct}% off. What is the sale price?",
+        f"{name} reads {b} pages a day. The book has {a * 10 + b} pages. How many days does {name} need to finish it?",
+        f"A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
+        f"{name} is {a} years old. {other} is {c} years older than twice {name}'s age. How old is {other}?",
+        f"A recipe needs {c} eggs for {b} cookies. How many eggs are needed for {b * a} cookies?",
+        f"{name} saves {price} dollars every week. How many weeks until {name} has {price * a} dollars?",
+        f"What is {pct}% of {a * 20}? Explain.", f"Simplify the fraction {a * c}/{b * c}.",
+        f"If a car uses {c} litres of fuel per 100 km, how much fuel does it need for {a * 10} km?",
+        f"A class has {a + b} students; {a} of them are girls. What percentage are boys?",
+        f"Find the derivative of f(x) = {c}x^3 + {b}x^2 - {a}x + {price}.",
+        f"What is the probability of rolling a sum of {min(12, c + 2)} with two dice? Explain.",
     ]
     return rng.choice(forms)
 
 
-def _summary(rng: random.Random) -> str:
+def _article(rng: random.Random, most: int = 10) -> str:
     topic, other = rng.sample(TOPICS, 2)
+    city, company, name = rng.choice(CITIES), rng.choice(COMPANIES), rng.choice(NAMES)
+    n, year = rng.randint(3, 900), rng.randint(1990, 2024)
     facts = [
         f"Researchers have studied {topic} for many decades.",
         f"Many people first hear about {topic} at school, but few understand it in depth.",
@@ -97,15 +220,68 @@ def _summary(rng: random.Random) -> str:
         f"Critics argue that the importance of {topic} is often exaggerated.",
         f"A new report recommends more funding for teaching {topic}.",
         f"Local groups now organise monthly meetings about {topic} and {other}.",
+        f"In {city}, officials said on Monday that {n} people had joined a new programme on {topic}.",
+        f"{company} announced that it will invest in projects related to {topic} from {year + 1}.",
+        f"\"We did not expect this much interest,\" said {name}, who leads the project.",
+        f"The first results are expected next spring, according to a spokesperson.",
+        f"Some residents of {city} complained that the plan ignores {other}.",
+        f"A survey found that {rng.randint(20, 80)}% of adults had changed their views on {topic}.",
+        f"The idea was first proposed in {year} but was dropped because of its cost.",
     ]
     rng.shuffle(facts)
-    text = " ".join(facts[: rng.randint(4, 7)])
+    return " ".join(facts[: rng.randint(3, most)])
+
+
+def _summary(rng: random.Random) -> str:
     ask = rng.choice(["Summarize the following text in two sentences:", "Summarize this article:",
-                      "Give a one-paragraph summary of the text below.", "What is the main point of this passage?"])
-    return f"{ask}\n\n{text}"
+                      "Give a one-paragraph summary of the text below.", "What is the main point of this passage?",
+                      "Write a headline and a short summary for this news story:",
+                      "Summarize the following in three bullet points:"])
+    return f"{ask}\n\n{_article(rng)}"
+
+
+def _rag(rng: random.Random) -> str:
+    """Answer a question from given passages (as in retrieval-augmented generation)."""
+    passages = [_article(rng, most=6) for _ in range(rng.randint(2, 3))]
+    topic = rng.choice(TOPICS)
+    question = rng.choice([f"What do the passages say about {topic}?", "Who leads the project mentioned above?",
+                           "Which company is investing, and when?", "What did the survey find?",
+                           "According to the documents, why was the idea dropped?"])
+    body = "\n\n".join(f"Document {i + 1}: {p}" for i, p in enumerate(passages))
+    return f"Answer the question using the documents below.\n\n{body}\n\nQuestion: {question}"
+
+
+def _extract(rng: random.Random) -> str:
+    name, city, company = rng.choice(NAMES), rng.choice(CITIES), rng.choice(COMPANIES)
+    day, n = rng.randint(1, 28), rng.randint(2, 40)
+    texts = [
+        f"Hi team, {name} from {company} here. Our workshop in {city} is on March {day}. We expect {n} guests "
+        f"and need {n // 2 + 1} laptops. Please reply to {name.lower()}@example.com.",
+        f"Order #{rng.randint(1000, 9999)}: {n} x {rng.choice(ITEMS)}, shipped to {city} on May {day}, "
+        f"customer {name}, total {n * rng.randint(2, 9)} dollars, paid by card.",
+        f"{company} reported revenue of {n * 3} million dollars in {city}, up {rng.randint(2, 30)}% from last "
+        f"year. CEO {name} said the growth came from new customers.",
+    ]
+    ask = rng.choice(["Extract the names, places, dates and numbers from this text as JSON:",
+                      "From the text below, list every person, company and city mentioned.",
+                      "Turn this text into a table with one row per fact:",
+                      "What are the key details in this message? Answer with a bulleted list."])
+    return f"{ask}\n\n{rng.choice(texts)}"
+
+
+def _rewrite(rng: random.Random) -> str:
+    ask = rng.choice(["Rewrite the following paragraph in a formal tone:", "Make this text shorter and clearer:",
+                      "Rewrite this for a ten-year-old reader:", "Correct the grammar and improve the style:",
+                      "Turn this paragraph into a list of bullet points:", "Paraphrase this text:"])
+    return f"{ask}\n\n{_article(rng)}"
 
 
 def _translate(rng: random.Random) -> str:
+    if rng.random() < 0.5:
+        lang, sentence = rng.choice(FOREIGN)
+        form = rng.choice(["Translate into English: {s}", "Translate the following {lang} text to English.\n{s}",
+                           "What does \"{s}\" mean in English?", "Translate from {lang} to English: {s}"])
+        return form.format(lang=lang, s=sentence)
     lang, sentence = rng.choice(LANGUAGES), rng.choice(SENTENCES)
     form = rng.choice(["Translate into {lang}: {s}", "Translate the following sentence from English to {lang}.\n{s}",
                        "How do you say \"{s}\" in {lang}?"])
@@ -114,8 +290,15 @@ def _translate(rng: random.Random) -> str:
 
 def _code(rng: random.Random) -> str:
     task, lang = rng.choice(CODE_TASKS), rng.choice(LANGS_CODE)
+    if rng.random() < 0.3:
+        form = rng.choice(["Explain what this code does:\n\n{code}", "Find and fix the bug in this code:\n\n{code}",
+                           "Add comments and type hints to this code:\n\n{code}",
+                           "Rewrite this code in {lang}:\n\n{code}"])
+        return form.format(code=rng.choice(SNIPPETS), lang=lang)
     form = rng.choice(["Write a {lang} function that {task}.", "Show me {lang} code that {task}, and explain it.",
-                       "How do I write a program in {lang} that {task}?"])
+                       "How do I write a program in {lang} that {task}?",
+                       "Write a {lang} function that {task}, with a few test cases.",
+                       "What is the time complexity of a function that {task}? Give an example in {lang}."])
     return form.format(lang=lang, task=task)
 
 
@@ -129,13 +312,15 @@ def make_prompts(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     kinds = [(lambda r: _templated(r, WRITING), 3), (lambda r: _templated(r, QA), 4),
              (lambda r: _templated(r, ROLEPLAY), 1), (lambda r: _templated(r, REASONING), 2),
-             (_math, 2), (_summary, 2), (_translate, 1), (_code, 2)]
+             (_math, 3), (_summary, 2), (_translate, 2), (_code, 3), (_rag, 1), (_extract, 1), (_rewrite, 1)]
     pool = [make for make, weight in kinds for _ in range(weight)]
     seen: set[str] = set()
     out: list[str] = []
+    tries = 0
     while len(out) < n:
         prompt = rng.choice(pool)(rng)
-        if prompt not in seen or len(seen) > 50 * n:
+        tries += 1
+        if prompt not in seen or tries > 50 * n:  # repeats only once the generator runs out of new prompts
             seen.add(prompt)
             out.append(prompt)
     return out

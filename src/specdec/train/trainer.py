@@ -33,7 +33,7 @@ class TrainConfig:
     val_examples: int = 24
     eval_every: int = 100
     ckpt_every: int = 50
-    max_len: int = 384  # tokens per training text (longer ones are cut)
+    max_len: int = 512  # tokens per training text (longer ones are cut)
     seed: int = 0
 
 
@@ -73,15 +73,20 @@ def collate(examples: list[dict], sub_index: torch.Tensor, max_len: int) -> Batc
     lengths = [min(int(e["ids"].shape[0]), max_len) - 2 for e in examples]  # pairs with a target: n - 2
     t = max(lengths)
     b, d, k = len(examples), examples[0]["features"].shape[1], examples[0]["top_ids"].shape[1]
-    out = Batch(torch.zeros(b, t, d), torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, d),
-                torch.full((b, t, k), -1, dtype=torch.long), torch.zeros(b, t, k),
-                torch.zeros(b, t, dtype=torch.long), torch.zeros(b, t, dtype=torch.bool))
+    dev = examples[0]["features"].device  # built where the examples live (on a GPU: no per-step host copies)
+    sub_index = sub_index.to(dev)
+    out = Batch(torch.zeros(b, t, d, device=dev), torch.zeros(b, t, dtype=torch.long, device=dev),
+                torch.zeros(b, t, d, device=dev), torch.full((b, t, k), -1, dtype=torch.long, device=dev),
+                torch.zeros(b, t, k, device=dev), torch.zeros(b, t, dtype=torch.long, device=dev),
+                torch.zeros(b, t, dtype=torch.bool, device=dev))
     for row, (ex, m) in enumerate(zip(examples, lengths)):
         ids, feats, start = ex["ids"].long(), ex["features"].float(), ex["start"]
         out.feats[row, :m] = feats[:m]
         out.next_ids[row, :m] = ids[1:m + 1]
         out.feat_targets[row, :m] = feats[1:m + 1]
         first = max(start - 2, 0)  # pair i predicts t_{i+2}; probabilities exist for t_start onwards
+        if first >= m:  # the prompt alone fills max_len: context only, nothing to learn
+            continue
         rows = ex["top_ids"][first + 2 - start:m + 2 - start].long()  # top-k row r predicts t_{start+r}
         out.top_sub[row, first:m] = sub_index[rows]
         out.top_p[row, first:m] = ex["top_p"][first + 2 - start:m + 2 - start].float()
@@ -181,10 +186,11 @@ def save_checkpoint(path: Path, state: dict) -> None:
     tmp.replace(path)  # atomic: an interrupted save leaves the previous checkpoint intact
 
 
-def load_examples(paths: list[Path]) -> list[dict]:
+def load_examples(paths: list[Path], device: torch.device | str = "cpu") -> list[dict]:
+    """The usable examples of every shard, their tensors on `device` (a GPU holds a million tokens' features)."""
     examples = []
     for path in paths:
-        examples += torch.load(path, weights_only=True)
+        examples += torch.load(path, weights_only=True, map_location=device)
     return [e for e in examples if int(e["ids"].shape[0]) - int(e["start"]) >= 4]
 
 
@@ -209,8 +215,8 @@ def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], confi
         optimizer.load_state_dict(state["optimizer"])
         step, history = state["step"], state["history"]
         log(f"resuming from {ckpt_path} at step {step}")
-    sub_index = torch.full((head_config.vocab_size,), -1, dtype=torch.long)
-    sub_index[head.vocab_ids.cpu()] = torch.arange(head_config.draft_vocab)
+    sub_index = torch.full((head_config.vocab_size,), -1, dtype=torch.long, device=examples[0]["ids"].device)
+    sub_index[head.vocab_ids.to(sub_index.device)] = torch.arange(head_config.draft_vocab, device=sub_index.device)
     lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D]
     bar = tqdm(total=config.steps, initial=step, desc="train head", unit="step", disable=not progress)
     while step < min(config.steps, stop_at or config.steps):

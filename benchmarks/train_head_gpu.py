@@ -1,0 +1,131 @@
+"""Train a draft head on one GPU inside a fixed time budget: `python benchmarks/train_head_gpu.py --target T`.
+
+This is `specdec train-draft` (same data, same trainer, same file) with two choices made from the
+clock, because the GPU machine that trained the shipped head ran one command of at most ten minutes:
+
+1. data: the target answers `--gen-batch` prompts at a time (shards, as train-draft does) until
+   `--prompts` are answered or `--gen-seconds` have passed. make_prompts(n) is a prefix of
+   make_prompts(m) for n < m, so the shards are exactly those of `train-draft --prompts N`.
+2. steps: a short probe run times the training steps; then the steps that fit in what is left of
+   `--budget` (capped by `--max-steps`) are trained with the cosine schedule, from scratch.
+
+It prints the equivalent `specdec train-draft` command and writes the summary as JSON (`--summary`).
+benchmarks/train_head_gpu.sh is the wrapper that ran it on the sandbox's GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+
+from specdec.drafters.head import config_for_target, target_parts  # noqa: E402
+from specdec.models.loader import load_model  # noqa: E402
+from specdec.train.data import DataConfig, build_dataset  # noqa: E402
+from specdec.train.pipeline import train_draft  # noqa: E402
+from specdec.train.trainer import TrainConfig, fit, load_examples  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="default")
+    p.add_argument("--out", required=True)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--summary", default=None, help="write the summary (with the validation history) here")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--budget", type=float, default=520, help="seconds for the whole script")
+    p.add_argument("--gen-seconds", type=float, default=240, help="stop starting new data batches after this")
+    p.add_argument("--prompts", type=int, default=12288)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--gen-batch", type=int, default=512)
+    p.add_argument("--max-steps", type=int, default=12000)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--unroll", type=int, default=3)
+    p.add_argument("--draft-vocab", type=int, default=8192)
+    p.add_argument("--val-examples", type=int, default=256)
+    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--probe-steps", type=int, default=40)
+    args = p.parse_args()
+    started = time.perf_counter()
+    clock = lambda: time.perf_counter() - started  # noqa: E731
+
+    target = load_model(args.target, device=args.device, dtype="fp32", backend="hf")
+    hf = target.model.model
+    print(f"[{clock():.0f}s] target loaded on {args.device}", flush=True)
+
+    # 1. Data, a batch of prompts at a time until the time for data is spent.
+    data_dir = Path(args.data_dir)
+    n = 0
+    while n < args.prompts and clock() < args.gen_seconds:
+        n = min(args.prompts, n + args.gen_batch)
+        data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch)
+        shards = build_dataset(hf, target.tokenizer, data_dir, data_config, progress=False)
+        print(f"[{clock():.0f}s] {n} prompts answered ({len(shards)} shards)", flush=True)
+    data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch)
+
+    # 2. Time the training steps on a throwaway checkpoint, then fit the steps into the budget.
+    train_config = TrainConfig(steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
+                               draft_vocab=args.draft_vocab, eval_every=args.eval_every,
+                               val_examples=args.val_examples)
+    examples = load_examples(shards, device=args.device)
+    tokens = sum(int(e["ids"].shape[0]) - int(e["start"]) for e in examples)
+    print(f"[{clock():.0f}s] {len(examples)} answers, {tokens} answer tokens", flush=True)
+    parts = target_parts(target.model)
+    head_config = config_for_target(target.model, args.draft_vocab)
+    probe_dir = data_dir / "probe"
+    shutil.rmtree(probe_dir, ignore_errors=True)
+    probe_dir.mkdir(parents=True)
+    probe = replace(train_config, eval_every=10**9, ckpt_every=10**9)
+    torch.set_float32_matmul_precision("high")  # as train_draft does while fitting
+    marks = []
+    for stop in (5, 5 + args.probe_steps):  # both legs pay the same set-up (vocabulary, checkpoint load)
+        t0 = time.perf_counter()
+        with torch.enable_grad():
+            fit(parts, head_config, examples, probe, probe_dir / "ckpt", progress=False, log=lambda *a: None,
+                stop_at=stop)
+        torch.cuda.synchronize() if args.device == "cuda" else None
+        marks.append(time.perf_counter() - t0)
+    torch.set_float32_matmul_precision("highest")
+    shutil.rmtree(probe_dir, ignore_errors=True)
+    del examples
+    per_step = max(1e-3, (marks[1] - marks[0]) / (args.probe_steps - 5))
+    per_step *= 1.08  # evaluation and checkpoints
+    left = args.budget - clock() - 25  # reload of the examples, saving
+    steps = int(max(args.eval_every, min(args.max_steps, left / per_step)) // args.eval_every * args.eval_every)
+    train_config = replace(train_config, steps=steps)
+    print(f"[{clock():.0f}s] {per_step * 1000:.1f} ms a step; training {steps} steps", flush=True)
+    print("equivalent: specdec train-draft --target TARGET --device cuda --dtype fp32 "
+          f"--prompts {n} --max-new-tokens {args.max_new_tokens} --gen-batch {args.gen_batch} "
+          f"--steps {steps} --batch-size {args.batch_size} --lr {args.lr} --unroll {args.unroll} "
+          f"--draft-vocab {args.draft_vocab} --val-examples {args.val_examples} --eval-every {args.eval_every} "
+          f"--data-dir {data_dir} --out {args.out}", flush=True)
+
+    # 3. The run itself: exactly train-draft's pipeline.
+    out = Path(args.out)
+    Path(str(out) + ".ckpt").unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    summary = train_draft(target, out, data_dir, data_config, train_config, progress=False)
+    summary.update(train_seconds=round(time.perf_counter() - t0, 1), total_seconds=round(clock(), 1),
+                   ms_per_step=round(per_step * 1000, 2), device=torch.cuda.get_device_name()
+                   if args.device == "cuda" else args.device)
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(summary, indent=1))
+    print("step | loss | held-out greedy agreement per draft step")
+    for h in summary["history"]:
+        print(f"{h['step']:5d} | {h['loss']:.3f} | " + " ".join(f"{v:.3f}" for v in h["val_greedy_agreement"]))
+    print(f"[{clock():.0f}s] {summary['answers']} answers, {summary['answer_tokens']} answer tokens, "
+          f"{steps} steps in {summary['train_seconds']} s -> {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

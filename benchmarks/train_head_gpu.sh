@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# How the shipped SmolLM2-135M draft head was trained, on this sandbox's GPU machine (one H200).
+#
+# The split below is only a workaround of the sandbox: its GPU machine has no network, no model
+# weights and no `gguf` package, one call carries at most 64 MiB and runs at most 10 minutes, and
+# files there live only while the machine stays warm between calls. So the 98 MB GGUF of the
+# embedded target travels in two halves in two back-to-back calls. Anywhere else, run directly:
+#   python benchmarks/train_head_gpu.py --target default --out head.safetensors --data-dir data
+#
+# Here, once (repo root; .gl/ is ignored):
+#   split -n 2 -d "$(python -c 'from specdec.models.default import gguf_path; print(gguf_path())')" .gl/part_
+#   mv .gl/part_00 .gl/part_a; mv .gl/part_01 .gl/part_b
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .gl/whl gguf==0.19.0
+# Call 1 (carry .gl/part_a and .gl/whl):         bash benchmarks/train_head_gpu.sh stage
+# Call 2 (carry .gl/part_b), right after call 1:  bash benchmarks/train_head_gpu.sh train [driver options]
+set -uo pipefail
+KEEP=/root/keep
+GGUF=$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf
+SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+case "${1:-}" in
+stage)
+  mkdir -p $KEEP && cp .gl/part_a $KEEP/ && cp -r .gl/whl $KEEP/ && ls -l $KEEP && nvidia-smi -L ;;
+train)
+  cat $KEEP/part_a .gl/part_b > $GGUF && echo "$SHA  $GGUF" | sha256sum -c || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $KEEP/whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+  timeout 545 python3 benchmarks/train_head_gpu.py --target $GGUF --out $KEEP/head.safetensors \
+    --data-dir $KEEP/data --summary $OUT/summary.json "${@:2}" 2>&1 | tee $OUT/train.log
+  if [ -f $KEEP/head.safetensors ]; then cp $KEEP/head.safetensors $OUT/; exit 0; fi
+  # Cut short: export the last checkpoint's head (trained with a learning rate not yet decayed).
+  python3 - "$KEEP/head.safetensors.ckpt" "$OUT/head_ckpt.safetensors" <<'PY'
+import sys, torch
+sys.path.insert(0, "src")
+from specdec.drafters.head import DraftHead, HeadConfig
+state = torch.load(sys.argv[1], weights_only=False, map_location="cpu")
+head = DraftHead(HeadConfig(**state["head_config"]), state["head"]["vocab_ids"])
+head.load_state_dict(state["head"])
+head.save(sys.argv[2], meta={"step": state["step"], "history": state["history"]})
+print("exported the checkpoint of step", state["step"])
+PY
+  ;;
+*) echo "usage: $0 stage|train [options of train_head_gpu.py]"; exit 2 ;;
+esac
