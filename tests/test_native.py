@@ -108,7 +108,7 @@ def test_greedy_speculative_equals_plain_on_native():
 def test_layer_function_traces_as_one_graph():
     """What CUDA capture compiles must trace without graph breaks (checked here with no codegen)."""
     model = hf_model("qwen2-qkv-bias")
-    native = NativeLlama.from_hf(model, "n", max_length=64, cuda_graphs=True)
+    native = NativeLlama.from_hf(model, "n", max_length=64, cuda_graphs=True, pack=False)  # CUDA never packs
     native.net.layer_fn = torch.compile(layer_step, fullgraph=True, backend="eager")
     tokens = torch.randint(0, SMALL["vocab_size"], (12,), generator=torch.Generator().manual_seed(4))
     reference = NativeLlama.from_hf(model, "ref", max_length=64)
@@ -132,7 +132,9 @@ def test_backend_choice():
 
     model = hf_model("llama-tied")
     assert isinstance(wrap_backend(model, "x", "native"), NativeLlama)
-    assert isinstance(wrap_backend(model, "x", "auto"), HFCausalLM)  # CPU: auto keeps transformers
+    auto = wrap_backend(model, "x", "auto")  # fp32 on a CPU with oneDNN: native, prepacked
+    assert isinstance(auto, NativeLlama) and auto.net.layers[0].packed and auto.model is model
+    assert isinstance(wrap_backend(model.to(torch.bfloat16), "x", "auto"), HFCausalLM)  # no packing in bf16
     assert isinstance(wrap_backend(model, "x", "hf"), HFCausalLM)
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
     assert isinstance(wrap_backend(gpt2, "g", "auto"), HFCausalLM)

@@ -60,3 +60,16 @@ def test_target_is_left_untouched(tiny_target):
     make_drafter("self-int4", LoadedModel(tiny_target, None, "tiny"))
     linears = [m for m in tiny_target.model.modules() if isinstance(m, nn.Linear)]
     assert linears and all(m.weight.dtype == torch.float32 for m in linears)
+
+
+def test_self_draft_of_a_native_target_is_quantized(tiny_target):
+    """The native CPU backend computes with prepacked matrices; the self-draft must still be int8."""
+    from specdec.models.native_llama import NativeLlama
+
+    native = NativeLlama.from_hf(tiny_target.model, "tiny-native", max_length=128)
+    drafter = make_drafter("self-int8", LoadedModel(native, None, "tiny"))
+    assert any(isinstance(m, Int8Linear) for m in drafter.model.model.modules())
+    prompt = [1, 5, 9, 3, 7]
+    config = GenerationConfig(max_new_tokens=16, k=3, ignore_eos=True)
+    plain = Engine(native, NoDrafter(native.device)).generate(prompt, config)
+    assert Engine(native, drafter).generate(prompt, config).token_ids == plain.token_ids

@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             greedy = greedy_identity(plain, spec, ids, args)
             sampled = sampled_checks(plain, spec, ids, args)
-        except RuntimeError as exc:  # e.g. caches out of step: a broken engine fails the check, loudly
+        except (RuntimeError, IndexError, ValueError) as exc:  # e.g. caches out of step: a broken engine fails loudly
             greedy = {"tokens": 0, "identical": False, "first_difference": None, "error": str(exc)}
             sampled = {}
         guard = vocabulary_guard(target)

@@ -145,11 +145,23 @@ def _modules_of(model) -> list[nn.Module]:
     return [v for v in vars(model).values() if isinstance(v, nn.Module)]
 
 
+def _copy_with_modules(model):
+    """A deep copy whose nn.Linear layers do the work. The native backend computes with prepacked
+    matrices on a CPU, not its nn.Linear modules, so its self-draft is built from the transformers
+    model it keeps as `.model`."""
+    from specdec.models.hf import HFCausalLM
+    from specdec.models.native_llama import NativeLlama
+
+    if isinstance(model, NativeLlama) and model.model is not None:
+        return HFCausalLM(copy.deepcopy(model.model), model.name)
+    return copy.deepcopy(model)
+
+
 def self_copy(target, precision: str, kernel: str = "auto"):
     """A copy of the target's CausalLM in `precision` (int8, int4, bf16); the target is left untouched."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; use one of {', '.join(KERNELS)}")
-    draft = copy.deepcopy(target.model)
+    draft = _copy_with_modules(target.model)
     draft.reset()
     modules = _modules_of(draft)
     if not modules:

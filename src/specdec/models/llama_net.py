@@ -8,6 +8,11 @@ are overwritten later.
 
 q, k and v are one fused matmul, and gate and up another: fewer, larger kernels (one launch
 instead of three on a GPU; one pass over x on a CPU).
+
+On a CPU the matrices can be prepacked for oneDNN (`LlamaNet.pack_for_cpu`). PyTorch's default
+CPU matmul repacks the weight on every call once there is more than one row, so a 5-token verify
+pass cost about twice a 1-token step on the 2-core test machine; with prepacked weights it costs
+about 1.4x, and a single token is no slower (docs/measuring.md, "CPU verify cost").
 """
 
 from __future__ import annotations
@@ -21,9 +26,27 @@ from specdec.models.llama_config import LlamaArch
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalise in fp32 and cast back before the weight, exactly as transformers does."""
+    if x.dtype == torch.float32:  # the same arithmetic in one fused op (fewer small ops on a CPU)
+        return F.rms_norm(x, weight.shape, weight, eps)
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T + b, where w is a plain weight [out, in] or one prepacked by pack_weight."""
+    if w.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+    return F.linear(x, w, b)
+
+
+def can_pack() -> bool:
+    return torch.backends.mkldnn.is_available()
+
+
+def pack_weight(w: torch.Tensor, rows: int = 5) -> torch.Tensor:
+    """A CPU fp32 weight [out, in] reordered once into oneDNN's blocked layout, tuned for `rows` rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -51,7 +74,7 @@ def layer_step(
     n = x.shape[0]
     hd = k_cache.shape[-1]
     group = n_heads // n_kv_heads
-    qkv = F.linear(rms_norm(x, attn_norm, eps), wqkv, bqkv)  # [n, (H + 2 Hkv) hd]
+    qkv = linear(rms_norm(x, attn_norm, eps), wqkv, bqkv)  # [n, (H + 2 Hkv) hd]
     q, k, v = qkv.split([n_heads * hd, n_kv_heads * hd, n_kv_heads * hd], dim=-1)
     q = rotate(q.view(n, n_heads, hd), cos, sin)
     k = rotate(k.view(n, n_kv_heads, hd), cos, sin)
@@ -68,9 +91,9 @@ def layer_step(
     else:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
     out = out.view(n_kv_heads, group, n, hd).permute(2, 0, 1, 3).reshape(n, n_heads * hd)
-    h = x + F.linear(out, wo, bo)
-    gate, up = F.linear(rms_norm(h, ffn_norm, eps), w13).chunk(2, dim=-1)  # [n, I] each
-    return h + F.linear(F.silu(gate) * up, w2)
+    h = x + linear(out, wo, bo)
+    gate, up = linear(rms_norm(h, ffn_norm, eps), w13).chunk(2, dim=-1)  # [n, I] each
+    return h + linear(F.silu(gate) * up, w2)
 
 
 class Block(nn.Module):
@@ -90,10 +113,12 @@ class Block(nn.Module):
         self.w2 = nn.Linear(arch.intermediate, d, bias=False)
         self.register_buffer("k_cache", torch.empty(arch.n_kv_heads, slots, hd), persistent=False)
         self.register_buffer("v_cache", torch.empty(arch.n_kv_heads, slots, hd), persistent=False)
+        self.packed: dict[str, torch.Tensor] = {}  # CPU only: prepacked matrices by name (see pack_for_cpu)
 
     def weights(self) -> tuple:
-        return (self.attn_norm, self.wqkv.weight, self.wqkv.bias, self.wo.weight, self.wo.bias,
-                self.ffn_norm, self.w13.weight, self.w2.weight)
+        w = {name: self.packed.get(name, getattr(self, name).weight) for name in ("wqkv", "wo", "w13", "w2")}
+        return (self.attn_norm, w["wqkv"], self.wqkv.bias, w["wo"], self.wo.bias,
+                self.ffn_norm, w["w13"], w["w2"])
 
 
 class LlamaNet(nn.Module):
@@ -110,6 +135,7 @@ class LlamaNet(nn.Module):
         self.register_buffer("slot_ids", torch.empty(slots, dtype=torch.long), persistent=False)
         self.register_buffer("cos", torch.empty(slots, arch.head_dim), persistent=False)  # [S, hd]
         self.register_buffer("sin", torch.empty(slots, arch.head_dim), persistent=False)
+        self._packed_lm: torch.Tensor | None = None  # the LM head prepacked by pack_for_cpu
         self.layer_fn = layer_step  # replaced by a compiled version for CUDA graphs
         # True: fixed-shape steps attend with plain matmuls, 10-15% faster per step on an H200 than
         # SDPA with a mask (benchmarks/gpu_variants.py), but the matmul kernels change with the
@@ -134,6 +160,16 @@ class LlamaNet(nn.Module):
     def lm_weight(self) -> torch.Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
+    @torch.no_grad()
+    def pack_for_cpu(self) -> None:
+        """Prepack every matrix for oneDNN (fp32 on a CPU). The plain layer matrices are then
+        dropped (no second copy); the embedding stays plain for lookups and the head drafter."""
+        for block in self.layers:
+            for name in ("wqkv", "wo", "w13", "w2"):
+                block.packed[name] = pack_weight(getattr(block, name).weight)
+                getattr(block, name).weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        self._packed_lm = pack_weight(self.lm_weight())
+
     def _run(self, tokens, pos, mask, kv_len, layer_fn, math_attention) -> tuple[torch.Tensor, torch.Tensor]:
         a = self.arch
         x = self.embed(tokens)  # [n, D]
@@ -142,7 +178,8 @@ class LlamaNet(nn.Module):
             x = layer_fn(x, *layer.weights(), layer.k_cache, layer.v_cache, pos, mask, cos, sin,
                          kv_len, a.n_heads, a.n_kv_heads, a.norm_eps, math_attention)
         hidden = rms_norm(x, self.norm, a.norm_eps)  # [n, D]
-        return F.linear(hidden, self.lm_weight()), hidden  # [n, V], [n, D]
+        lm = self.lm_weight() if self._packed_lm is None else self._packed_lm
+        return linear(hidden, lm), hidden  # [n, V], [n, D]
 
     def forward_eager(self, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [n] at positions start..start+n-1; attends only to the first start+n slots."""

@@ -88,8 +88,8 @@ def load_model(name: str, device: str | None = None, dtype: str | None = None, b
     """Load a target or draft: `default`, a hub id (from the local cache), a directory or a .gguf file.
 
     backend: `native` (the fast Llama-family model), `hf` (any transformers model) or `auto`
-    (native for supported architectures on CUDA, hf otherwise). On CPU auto stays on hf: native is
-    faster there too, but drafters that rewrite the HF modules (self-int8, ...) expect them.
+    (native for supported Llama-family architectures, hf otherwise). On a CPU native needs fp32 and
+    oneDNN (its prepacked matrices are what make it faster there); auto falls back to hf without them.
     """
     if backend not in BACKENDS:
         raise ModelLoadError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
@@ -111,10 +111,12 @@ def load_model(name: str, device: str | None = None, dtype: str | None = None, b
 def wrap_backend(hf, name: str, backend: str = "auto") -> CausalLM:
     """The native backend for supported Llama-family models (unless `hf` is asked for), else HFCausalLM."""
     from specdec.models.llama_config import unsupported_reason
+    from specdec.models.llama_net import can_pack
 
     reason = unsupported_reason(hf.config)
     if backend == "auto":
-        backend = "native" if hf.device.type == "cuda" and not reason else "hf"
+        fast_here = hf.device.type == "cuda" or (hf.dtype == torch.float32 and can_pack())
+        backend = "native" if fast_here and not reason else "hf"
     if backend == "hf":
         return HFCausalLM(hf, name)
     if reason:

@@ -24,7 +24,7 @@ import torch
 
 from specdec.models.base import CausalLM
 from specdec.models.llama_config import LlamaArch, arch_from_hf, named_arch
-from specdec.models.llama_net import LlamaNet, build_net, init_random, layer_step, load_hf_state
+from specdec.models.llama_net import LlamaNet, build_net, can_pack, init_random, layer_step, load_hf_state
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class NativeLlama(CausalLM):
     def __init__(self, net: LlamaNet, name: str, max_length: int, cuda_graphs: bool | None = None,
                  compile: bool | str = True, max_graph_rows: int = 17, pad_rows: int = 0):
         self.net = net.eval()
+        self.model = None  # the transformers model it was built from, kept on a CPU (see from_hf)
         self.arch = net.arch
         self.name = name
         self.vocab_size = net.arch.vocab_size
@@ -85,14 +86,25 @@ class NativeLlama(CausalLM):
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def from_hf(cls, hf_model, name: str, max_length: int | None = None, **options) -> "NativeLlama":
-        """Take the weights of a loaded transformers model (the HF model can be dropped after)."""
+    def from_hf(cls, hf_model, name: str, max_length: int | None = None, pack: bool | None = None,
+                **options) -> "NativeLlama":
+        """Take the weights of a loaded transformers model.
+
+        On a CPU the matrices are prepacked for oneDNN (fp32; `pack=False` keeps them plain), and the transformers model is kept as
+        `.model` for what only it does (generate() baselines, training data, the self-quantized
+        drafters), as the hf backend exposes it. On a GPU it can be dropped (no second copy there).
+        """
         arch = arch_from_hf(hf_model.config)
         weight = hf_model.get_input_embeddings().weight
         max_length = min(max_length or 4096, arch.max_position)
         net = build_net(arch, _slots(max_length, options), weight.device, weight.dtype)
         load_hf_state(net, hf_model.state_dict())
-        return cls(net, name, max_length, **options)
+        model = cls(net, name, max_length, **options)
+        if model.device.type == "cpu":
+            if pack is not False and weight.dtype == torch.float32 and can_pack():
+                net.pack_for_cpu()
+            model.model = hf_model
+        return model
 
     @classmethod
     def random(cls, size: str, device="cuda", dtype=torch.bfloat16, max_length: int = 2048, seed: int = 0,
