@@ -31,6 +31,14 @@ def test_min_p_drops_tokens_far_below_the_top():
     assert probs[3] == 0 and probs[2] > 0
 
 
+def test_tiny_top_p_keeps_the_most_likely_token():
+    """A top_p too small for fp32 (it rounds to 0) still leaves the top token, not NaN (found by fuzzing)."""
+    logits = torch.tensor([[0.5, 2.0, 1.0], [3.0, 3.0, 0.0]])
+    probs = warp_logits(logits, SamplingParams(temperature=1.0, top_p=5e-324))
+    assert torch.isfinite(probs).all()
+    assert probs[0].tolist() == [0.0, 1.0, 0.0] and probs[1].sum().item() == 1.0 and probs[1].max().item() == 1.0
+
+
 @pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_k=-1), dict(top_p=0.0), dict(min_p=1.0)])
 def test_bad_params_are_refused(kwargs):
     with pytest.raises(ValueError):

@@ -75,7 +75,9 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p. probs: [..., V]."""
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    drop = mass_before >= top_p
+    drop[..., 0] = False  # the most likely token always stays (a top_p below fp32's range rounds to 0)
+    sorted_probs = sorted_probs.masked_fill(drop, 0.0)
     return torch.zeros_like(probs).scatter(-1, order, sorted_probs)
 
 
