@@ -80,7 +80,7 @@ def test_output_follows_target_distribution_with_head(tmp_path, kind, params):
     head = train_head(target, draft_vocab=4, steps=2, tmp_path=tmp_path)  # one id can never be drafted
     drafter = HeadDrafter(head, target_parts(target))
     if kind == "lookup+head":
-        drafter = LookupThenHead(LookupDrafter(CPU, max_ngram=1), drafter)
+        drafter = LookupThenHead(LookupDrafter(CPU, max_ngram=1), drafter, min_match=1)  # both draft
     counts = sampled_joint(Engine(target, drafter), params, k=2, samples=1000, n_tokens=2)
     assert goodness_of_fit(counts, exact_joint(target, params, n_tokens=2)) > 1e-3
 

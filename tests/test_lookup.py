@@ -2,6 +2,8 @@
 
 import torch
 
+from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.combined import LookupThenHead
 from specdec.drafters.lookup import LookupDrafter, draft_length, lookup_draft, lookup_match
 from specdec.sampling import SamplingParams
 
@@ -26,3 +28,18 @@ def test_a_short_match_drafts_only_as_many_tokens_as_it_matched():
     assert fixed.propose(one_gram, 4, GREEDY, None).tokens.tolist() == [6, 7, 8, 9]
     three_gram = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
     assert adaptive.propose(three_gram, 4, GREEDY, None).tokens.tolist() == [4, 5, 6, 7]
+
+
+class _FixedHead(Drafter):
+    """Stands in for the draft head: always drafts [99] * k."""
+
+    def propose(self, context, k, params, generator):
+        return Draft(torch.tensor([99] * k))
+
+
+def test_combined_drafter_uses_lookup_only_after_a_match_of_two_tokens():
+    combined = LookupThenHead(LookupDrafter(torch.device("cpu")), _FixedHead(), name="lookup+stub")
+    assert combined.propose([5, 6, 7, 8, 9, 5], 3, GREEDY, None).tokens.tolist() == [99, 99, 99]  # 1-token match
+    assert combined.propose([1, 2, 3], 3, GREEDY, None).tokens.tolist() == [99, 99, 99]  # no match
+    assert combined.propose([4, 5, 6, 7, 8, 4, 5], 3, GREEDY, None).tokens.tolist() == [6, 7]  # 2-token match
+    assert combined.propose([4, 5, 6, 7, 8, 9, 4, 5, 6], 3, GREEDY, None).tokens.tolist() == [7, 8, 9]

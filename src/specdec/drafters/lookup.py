@@ -58,8 +58,15 @@ class LookupDrafter(Drafter):
         self.max_ngram = max_ngram
         self.adaptive = adaptive
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
+    def find(self, context: list[int], k: int) -> tuple[int, list[int]]:
+        """(length of the matched tail, the tokens this drafter would propose)."""
         matched, found = lookup_match(context, k, self.max_ngram)
         if self.adaptive:
             found = found[:draft_length(matched, k, self.max_ngram)]
-        return Draft(torch.tensor(found, dtype=torch.long, device=self.device))
+        return matched, found
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
+        return self.draft_of(self.find(context, k)[1])
+
+    def draft_of(self, tokens: list[int]) -> Draft:
+        return Draft(torch.tensor(tokens, dtype=torch.long, device=self.device))
