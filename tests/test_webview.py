@@ -92,6 +92,10 @@ def test_toy_chi_square_is_small_and_the_bug_makes_it_explode(page):
     page.check("#toy-bug")
     buggy = chi_square_after_10k(page)
     assert buggy > 500
+    page.uncheck("#toy-bug")  # the shown histogram is redrawn at once: no stale verdict
+    assert float(page.get_attribute("#toy-chi2", "data-value")) < 40
+    page.check("#toy-bug")
+    assert float(page.get_attribute("#toy-chi2", "data-value")) > 500
     page.uncheck("#toy-bug")
     chi_square_after_10k(page)  # the screenshot shows the exact sampler
     page.fill("#toy-mix", "0.3")

@@ -61,6 +61,8 @@
     canvas.dataset.top = top;
   }
 
+  let sampled = false;  // once a histogram is shown, it is redrawn whenever p, q or the bug change
+
   function render() {
     const p = target(), q = draft();
     drawBars($("toy-p"), p, COLORS.p);
@@ -68,6 +70,7 @@
     drawBars($("toy-min"), p.map((x, i) => Math.min(x, q[i])), COLORS.min);
     drawBars($("toy-res"), residual(p, q), COLORS.res);
     $("toy-alpha").textContent = p.reduce((a, x, i) => a + Math.min(x, q[i]), 0).toFixed(3);
+    if (sampled) sampleMany();
   }
 
   // Dragging a bar sets that token's weight from the pointer height (the others keep theirs).
@@ -114,6 +117,7 @@
 
   function sampleMany(n = 10000) {
     const p = target(), q = draft(), res = residual(p, q), buggy = $("toy-bug").checked;
+    sampled = true;
     const counts = new Array(6).fill(0);
     let kept = 0;
     for (let j = 0; j < n; j++) { const r = step(p, q, res, buggy); counts[r.token]++; kept += r.accepted; }
@@ -137,6 +141,7 @@
   $("toy-mix").addEventListener("input", render);
   $("toy-one").addEventListener("click", sampleOne);
   $("toy-many").addEventListener("click", () => sampleMany(10000));
+  $("toy-bug").addEventListener("change", () => sampled && sampleMany());
   makeDraggable($("toy-p"), "p");
   makeDraggable($("toy-q"), "q");
   render();
