@@ -9,7 +9,14 @@ clock, because the GPU machine that trained the shipped head ran one command of 
 2. steps: a short probe run times the training steps; then the steps that fit in what is left of
    `--budget` (capped by `--max-steps`) are trained with the cosine schedule, from scratch.
 
+With `--source-texts N --followups M` the data starts with the two-stage self-instruct of
+train.data (the target writes N texts, then answers M requests about them, pasted in).
+
 It prints the equivalent `specdec train-draft` command and writes the summary as JSON (`--summary`).
+With `--check-per-category N` it then measures, on the target's greedy answers to the first N
+Spec-Bench questions of each category (the test set: measured only, after training, never trained
+on), how much of the answers the sub-vocabulary covers and the teacher-forced greedy agreement per
+draft step, for the new head and for `--compare-head`.
 benchmarks/train_head_gpu.sh is the wrapper that ran it on the sandbox's GPU machine.
 """
 
@@ -54,6 +61,11 @@ def main() -> int:
     p.add_argument("--val-examples", type=int, default=256)
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--probe-steps", type=int, default=40)
+    p.add_argument("--source-texts", type=int, default=0, help="two-stage self-instruct: stage-1 texts")
+    p.add_argument("--followups", type=int, default=0, help="two-stage self-instruct: stage-2 requests")
+    p.add_argument("--max-len", type=int, default=512, help="tokens per training text")
+    p.add_argument("--check-per-category", type=int, default=0, help="Spec-Bench questions per category to measure")
+    p.add_argument("--compare-head", default=None, help="a head to measure beside the new one")
     args = p.parse_args()
     started = time.perf_counter()
     clock = lambda: time.perf_counter() - started  # noqa: E731
@@ -67,18 +79,21 @@ def main() -> int:
     n = 0
     while n < args.prompts and clock() < args.gen_seconds:
         n = min(args.prompts, n + args.gen_batch)
-        data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch)
+        data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch,
+                                 source_texts=args.source_texts, followups=args.followups)
         shards = build_dataset(hf, target.tokenizer, data_dir, data_config, progress=False)
         print(f"[{clock():.0f}s] {n} prompts answered ({len(shards)} shards)", flush=True)
-    data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch)
+    data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch,
+                             source_texts=args.source_texts, followups=args.followups)
 
     # 2. Time the training steps on a throwaway checkpoint, then fit the steps into the budget.
     train_config = TrainConfig(steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
                                draft_vocab=args.draft_vocab, eval_every=args.eval_every,
-                               val_examples=args.val_examples)
+                               val_examples=args.val_examples, max_len=args.max_len)
     examples = load_examples(shards, device=args.device)
     tokens = sum(int(e["ids"].shape[0]) - int(e["start"]) for e in examples)
-    print(f"[{clock():.0f}s] {len(examples)} answers, {tokens} answer tokens", flush=True)
+    kinds = {k: sum(1 for path in shards if path.name.startswith(k + "_")) for k in ("shard_src", "shard_use")}
+    print(f"[{clock():.0f}s] {len(examples)} answers, {tokens} answer tokens; two-stage shards {kinds}", flush=True)
     parts = target_parts(target.model)
     head_config = config_for_target(target.model, args.draft_vocab)
     probe_dir = data_dir / "probe"
@@ -104,9 +119,11 @@ def main() -> int:
     train_config = replace(train_config, steps=steps)
     print(f"[{clock():.0f}s] {per_step * 1000:.1f} ms a step; training {steps} steps", flush=True)
     print("equivalent: specdec train-draft --target TARGET --device cuda --dtype fp32 "
-          f"--prompts {n} --max-new-tokens {args.max_new_tokens} --gen-batch {args.gen_batch} "
+          f"--prompts {n} --source-texts {args.source_texts} --followups {args.followups} "
+          f"--max-new-tokens {args.max_new_tokens} --gen-batch {args.gen_batch} "
           f"--steps {steps} --batch-size {args.batch_size} --lr {args.lr} --unroll {args.unroll} "
-          f"--draft-vocab {args.draft_vocab} --val-examples {args.val_examples} --eval-every {args.eval_every} "
+          f"--draft-vocab {args.draft_vocab} --max-len {args.max_len} "
+          f"--val-examples {args.val_examples} --eval-every {args.eval_every} "
           f"--data-dir {data_dir} --out {args.out}", flush=True)
 
     # 3. The run itself: exactly train-draft's pipeline.
@@ -117,6 +134,11 @@ def main() -> int:
     summary.update(train_seconds=round(time.perf_counter() - t0, 1), total_seconds=round(clock(), 1),
                    ms_per_step=round(per_step * 1000, 2), device=torch.cuda.get_device_name()
                    if args.device == "cuda" else args.device)
+    if args.check_per_category:
+        heads = {"new": out} | ({"compare": Path(args.compare_head)} if args.compare_head else {})
+        summary["specbench_check"] = check_on_specbench(target, heads, args.check_per_category,
+                                                        args.max_new_tokens, train_config)
+        print(json.dumps(summary["specbench_check"], indent=1), flush=True)
     if args.summary:
         Path(args.summary).write_text(json.dumps(summary, indent=1))
     print("step | loss | held-out greedy agreement per draft step")
@@ -125,6 +147,42 @@ def main() -> int:
     print(f"[{clock():.0f}s] {summary['answers']} answers, {summary['answer_tokens']} answer tokens, "
           f"{steps} steps in {summary['train_seconds']} s -> {out}", flush=True)
     return 0
+
+
+def check_on_specbench(target, heads: dict, per_category: int, max_new_tokens: int, config) -> dict:
+    """Per Spec-Bench category: the share of the target's greedy answer tokens inside each head's
+    sub-vocabulary and each head's teacher-forced greedy agreement per draft step (measured only)."""
+    from specdec.bench.specbench import QUESTIONS, load_questions
+    from specdec.drafters.head import DraftHead
+    from specdec.train.data import _answer_batch
+    from specdec.train.trainer import evaluate
+
+    rows = load_questions(str(QUESTIONS), per_category, None)
+    answer_config = DataConfig(max_new_tokens=max_new_tokens)
+    examples = _answer_batch(target.model.model, target.tokenizer, [r["turns"][0] for r in rows], answer_config,
+                             sample=False)
+    device = next(target.model.model.parameters()).device
+    examples = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in e.items()} for e in examples]
+    parts = target_parts(target.model)
+    result: dict = {}
+    for name, path in heads.items():
+        head = DraftHead.load(path).to(device).eval()
+        sub_index = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=device)
+        sub_index[head.vocab_ids] = torch.arange(head.config.draft_vocab, device=device)
+        lm_sub = parts.lm_head[head.vocab_ids].float()
+        cfg = replace(config, max_len=2048, batch_size=4)  # Spec-Bench inputs are long: small batches
+        for cat in dict.fromkeys(r["category"] for r in rows):
+            chosen = [e for e, r in zip(examples, rows) if r["category"] == cat and e["ids"].shape[0] - e["start"] >= 4]
+            answer = torch.cat([e["ids"][e["start"]:].long() for e in chosen])
+            cov = float((sub_index[answer] >= 0).float().mean())
+            agree = evaluate(head, parts, lm_sub, chosen, sub_index, cfg)
+            result.setdefault(cat, {})[name] = {"coverage": round(cov, 3), "agreement": [round(a, 3) for a in agree]}
+        answer = torch.cat([e["ids"][e["start"]:].long() for e in examples])
+        agree = evaluate(head, parts, lm_sub, [e for e in examples if e["ids"].shape[0] - e["start"] >= 4],
+                         sub_index, cfg)
+        result.setdefault("all", {})[name] = {"coverage": round(float((sub_index[answer] >= 0).float().mean()), 3),
+                                              "agreement": [round(a, 3) for a in agree]}
+    return result
 
 
 if __name__ == "__main__":

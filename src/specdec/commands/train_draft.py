@@ -26,6 +26,10 @@ def register(sub) -> None:
     g.add_argument("--max-new-tokens", type=positive_int, default=192, help="answer length cap (default: %(default)s)")
     g.add_argument("--gen-batch", type=positive_int, default=16, help="prompts per generate() call (default: %(default)s)")
     g.add_argument("--top-k-probs", type=positive_int, default=32, help="target probabilities kept per position")
+    g.add_argument("--source-texts", type=int, default=0,
+                   help="two-stage self-instruct: texts the target writes first (default: %(default)s, off)")
+    g.add_argument("--followups", type=int, default=0,
+                   help="then requests to summarise/extract/question/rewrite those texts, pasted in")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=positive_int, default=600)
     t.add_argument("--batch-size", type=positive_int, default=8)
@@ -33,6 +37,7 @@ def register(sub) -> None:
     t.add_argument("--unroll", type=positive_int, default=2, help="drafting steps simulated in training (default: %(default)s)")
     t.add_argument("--draft-vocab", type=positive_int, default=8192, help="LM head rows the head may draft")
     t.add_argument("--eval-every", type=positive_int, default=100)
+    t.add_argument("--max-len", type=positive_int, default=512, help="tokens per training text (longer ones are cut)")
     t.add_argument("--val-examples", type=positive_int, default=24, help="held-out answers (at most a fifth of them)")
     t.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -51,10 +56,11 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     target = load_model(args.target, device=args.device, dtype=args.dtype, backend="hf")  # needs HF generate()
     data_config = DataConfig(num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                             batch_size=args.gen_batch, top_k=args.top_k_probs, seed=args.seed)
+                             batch_size=args.gen_batch, top_k=args.top_k_probs, seed=args.seed,
+                             source_texts=args.source_texts, followups=args.followups)
     train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
                                draft_vocab=args.draft_vocab, eval_every=args.eval_every,
-                               val_examples=args.val_examples, seed=args.seed)
+                               val_examples=args.val_examples, max_len=args.max_len, seed=args.seed)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.target)
     summary = train_draft(target, Path(args.out), data_dir, data_config, train_config,
                           progress=not args.no_progress)

@@ -5,6 +5,13 @@ keep, for free, what the head must imitate: the target's features (the input of 
 every position and the top-k of its next-token probabilities over the answer. Each batch becomes
 one shard file, so an interrupted run resumes where it stopped.
 
+With `source_texts` > 0 a two-stage self-instruct comes first (train.prompts): the target writes
+source texts (articles, reports, stories, emails, code, dialogues; shards `shard_src_*`, greedy),
+then answers `followups` requests to summarise, extract from, question or rewrite those texts,
+pasted into the prompt (shards `shard_use_*`): long inputs like real summarisation and RAG prompts.
+Both stages are training data; the texts of stage 1 are read back from its shards, so a resumed
+run rebuilds exactly the same stage-2 prompts.
+
 One example (a dict of tensors) for a text of n tokens whose answer starts at `start`:
   ids      [n]        int32  prompt + answer (answer cut after the first end-of-sequence token)
   features [n-1, D]   bf16   target feature f_i at position i (the last token is never fed)
@@ -15,12 +22,12 @@ One example (a dict of tensors) for a text of n tokens whose answer starts at `s
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from specdec.train.prompts import make_prompts
+from specdec.train.prompts import make_followup_prompts, make_prompts, make_source_prompts
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,9 @@ class DataConfig:
     top_k: int = 32  # probabilities kept per position (the rest of the mass is dropped)
     sample_every: int = 3  # every n-th batch samples at temperature 1 (others are greedy): both modes are served
     seed: int = 0
+    source_texts: int = 0  # two-stage self-instruct: stage-1 texts the target writes (0: off)
+    followups: int = 0  # stage-2 requests about those texts
+    source_max_new_tokens: int = 384  # length cap of a stage-1 text
 
 
 def shard_paths(data_dir: Path) -> list[Path]:
@@ -44,16 +54,41 @@ def build_dataset(hf_model, tokenizer, data_dir: Path, config: DataConfig, progr
     """
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    prompts = make_prompts(config.num_prompts, seed=config.seed)
-    batches = [prompts[i:i + config.batch_size] for i in range(0, len(prompts), config.batch_size)]
+    if config.source_texts:
+        sources = make_source_prompts(config.source_texts, seed=config.seed)
+        stage1 = _answer_all(hf_model, tokenizer, [s.prompt for s in sources], data_dir, "shard_src",
+                             replace(config, max_new_tokens=config.source_max_new_tokens, sample_every=0), progress)
+        texts = source_texts(stage1, tokenizer)
+        followups = make_followup_prompts(sources, texts, config.followups, seed=config.seed)
+        half = replace(config, batch_size=max(1, config.batch_size // 2))  # long prompts: half the batch
+        _answer_all(hf_model, tokenizer, followups, data_dir, "shard_use", half, progress)
+    _answer_all(hf_model, tokenizer, make_prompts(config.num_prompts, seed=config.seed), data_dir, "shard",
+                config, progress)
+    return shard_paths(data_dir)
+
+
+def source_texts(shards: list[Path], tokenizer) -> list[str]:
+    """The answers stored in `shards` (in order) as text: the stage-1 texts that stage 2 pastes."""
+    texts = []
+    for path in shards:
+        for e in torch.load(path, weights_only=True):
+            texts.append(tokenizer.decode(e["ids"][e["start"]:].tolist(), skip_special_tokens=True))
+    return texts
+
+
+def _answer_all(hf_model, tokenizer, prompts: list[str], data_dir: Path, stem: str, config: DataConfig,
+                progress: bool) -> list[Path]:
+    """Answer `prompts` a batch at a time into `stem`_NNNNN.pt shards (finished ones are kept)."""
     from tqdm import tqdm
 
-    bar = tqdm(total=len(batches), desc="target answers", unit="batch", disable=not progress)
-    for index, batch in enumerate(batches):
-        path = data_dir / f"shard_{index:05d}.pt"
+    batches = [prompts[i:i + config.batch_size] for i in range(0, len(prompts), config.batch_size)]
+    paths = [data_dir / f"{stem}_{index:05d}.pt" for index in range(len(batches))]
+    bar = tqdm(total=len(batches), desc=f"target answers ({stem})", unit="batch", disable=not progress)
+    for index, (batch, path) in enumerate(zip(batches, paths)):
         if not path.exists():
             started = time.perf_counter()
-            examples = _answer_batch(hf_model, tokenizer, batch, config, sample=(index % config.sample_every == 1))
+            sample = bool(config.sample_every) and index % config.sample_every == 1
+            examples = _answer_batch(hf_model, tokenizer, batch, config, sample=sample)
             tmp = path.with_suffix(".tmp")
             torch.save(examples, tmp)
             tmp.rename(path)  # atomic: a half-written shard is never mistaken for a finished one
@@ -61,7 +96,7 @@ def build_dataset(hf_model, tokenizer, data_dir: Path, config: DataConfig, progr
             bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - started):.0f}")
         bar.update(1)
     bar.close()
-    return shard_paths(data_dir)
+    return paths
 
 
 def _encode_chat(tokenizer, prompt: str) -> list[int]:

@@ -9,6 +9,7 @@ word lists, shuffled by a seed.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 TOPICS = [
     "the water cycle", "black holes", "the French Revolution", "photosynthesis", "machine learning",
@@ -323,4 +324,105 @@ def make_prompts(n: int, seed: int = 0) -> list[str]:
         if prompt not in seen or tries > 50 * n:  # repeats only once the generator runs out of new prompts
             seen.add(prompt)
             out.append(prompt)
+    return out
+
+
+# Two-stage self-instruct: the target first writes source texts (stage 1), then answers requests
+# about those texts pasted into the prompt (stage 2), as people ask a model to summarise, extract
+# from, answer questions about or rewrite long documents (300-800 prompt tokens). Nothing here
+# comes from Spec-Bench: the texts are the target's own, the requests our own templates.
+
+SOURCE_KINDS = {  # kind -> requests that make the target write a source text of that kind
+    "article": ["Write a news article of about 300 words about {topic}. Include names, places, dates and numbers.",
+                "Write a detailed newspaper report about a new development in {topic} in {city}, with quotes."],
+    "report": ["Write a short business report from {company} about {topic}, with figures and recommendations.",
+               "Write a one-page research summary about {topic} with background, findings and conclusions."],
+    "story": ["Write a story of about 300 words about {person} and {topic}.",
+              "Write a short story set in {city} in which {name} learns something about {topic}."],
+    "product": ["Write a detailed product description for a new product from {company} related to {topic}, "
+                "with features, price and specifications."],
+    "email": ["Write a long email from {name} at {company} to the whole team about a project on {topic}, "
+              "with dates, tasks and a deadline."],
+    "code": ["Write a {lang} program that {task}, with comments, and explain how it works.",
+             "Write a {lang} class that {task}, then show how to use it."],
+    "dialogue": ["Write a dialogue between {person} and {name} about {topic}, at least twelve lines long.",
+                 "Write an interview transcript in which a journalist asks {person} about {topic}."],
+}
+FOLLOW_UPS = {  # what is asked about one pasted text; {kind} names it ("the article")
+    "summarize": ["Summarize the following {kind} in two sentences:", "Summarize this {kind}:",
+                  "Write a one-paragraph summary of the {kind} below.", "Give a three-bullet summary of this {kind}.",
+                  "What is the main point of this {kind}? Answer briefly.",
+                  "Write a headline and a summary for this {kind}:"],
+    "extract": ["Extract every name, place, date and number from this {kind} as JSON:",
+                "List the key facts of the {kind} below as bullet points.",
+                "Extract the people mentioned in this {kind} and what each of them does.",
+                "Make a table of the important details in this {kind}."],
+    "question": ["Read the {kind} below and answer: who is involved, and what happens?",
+                 "Based on the {kind} below, what are the three most important points?",
+                 "What questions does this {kind} leave unanswered? List three and explain why.",
+                 "According to this {kind}, what is said about {topic}?"],
+    "rewrite": ["Rewrite the following {kind} in a formal tone:", "Rewrite this {kind} for a ten-year-old reader:",
+                "Make this {kind} shorter and clearer:", "Paraphrase the {kind} below.",
+                "Correct the grammar and improve the style of this {kind}:"],
+    "plain": ["Translate this {kind} into plain English that anyone can understand:",
+              "Explain the following {kind} in plain, simple English:"],
+}
+
+
+@dataclass(frozen=True)
+class SourcePrompt:
+    prompt: str  # the stage-1 request
+    kind: str  # a key of SOURCE_KINDS
+    topic: str
+
+
+def make_source_prompts(n: int, seed: int = 0) -> list[SourcePrompt]:
+    """n stage-1 requests for source texts, cycling through the kinds (deterministic for a seed)."""
+    rng = random.Random(seed + 7919)
+    kinds = sorted(SOURCE_KINDS)
+    out = []
+    for i in range(n):
+        kind, topic = kinds[i % len(kinds)], rng.choice(TOPICS)
+        template = rng.choice(SOURCE_KINDS[kind])
+        prompt = template.format(topic=topic, city=rng.choice(CITIES), company=rng.choice(COMPANIES),
+                                 person=rng.choice(PEOPLE), name=rng.choice(NAMES), lang=rng.choice(LANGS_CODE),
+                                 task=rng.choice(CODE_TASKS))
+        out.append(SourcePrompt(prompt, kind, topic))
+    return out
+
+
+def usable_text(text: str, min_words: int = 60) -> bool:
+    """A stage-1 text worth pasting: long enough, and not a degenerate loop of the same words."""
+    words = text.split()
+    return len(words) >= min_words and len(set(words)) / len(words) >= 0.3
+
+
+def make_followup_prompts(sources: list[SourcePrompt], texts: list[str], n: int, seed: int = 0,
+                          max_chars: int = 3200) -> list[str]:
+    """n stage-2 requests, each pasting one of the usable `texts` (the target's answers to `sources`),
+    or for one in four two or three of them as numbered documents with a question (retrieval style).
+    max_chars caps the pasted material (about 800 tokens)."""
+    pool = [(s, t.strip()[:max_chars]) for s, t in zip(sources, texts) if usable_text(t)]
+    if not pool:
+        return []
+    rng = random.Random(seed + 104729)
+    names = {"article": "article", "report": "report", "story": "story", "product": "product description",
+             "email": "email", "code": "code", "dialogue": "dialogue"}
+    out = []
+    for i in range(n):
+        source, text = pool[i % len(pool)] if i < len(pool) else rng.choice(pool)
+        if rng.random() < 0.25 and len(pool) > 1:
+            docs = [text] + [t for _, t in rng.sample(pool, min(2, len(pool) - 1)) if t != text]
+            while len(docs) > 1 and sum(map(len, docs)) > max_chars:
+                docs.pop()
+            body = "\n\n".join(f"Document {j + 1}:\n{d}" for j, d in enumerate(docs))
+            question = rng.choice([f"What do the documents say about {source.topic}?",
+                                   "Which people and organisations are mentioned, and in which document?",
+                                   "Summarize what the documents have in common.",
+                                   "Answer using only the documents: what is the most important fact in each?"])
+            out.append(f"Answer the question using the documents below.\n\n{body}\n\nQuestion: {question}")
+            continue
+        task = rng.choice(sorted(FOLLOW_UPS))
+        ask = rng.choice(FOLLOW_UPS[task]).format(kind=names[source.kind], topic=source.topic)
+        out.append(f"{ask}\n\n{text}")
     return out
