@@ -43,3 +43,9 @@ def test_combined_drafter_uses_lookup_only_after_a_match_of_two_tokens():
     assert combined.propose([1, 2, 3], 3, GREEDY, None).tokens.tolist() == [99, 99, 99]  # no match
     assert combined.propose([4, 5, 6, 7, 8, 4, 5], 3, GREEDY, None).tokens.tolist() == [6, 7]  # 2-token match
     assert combined.propose([4, 5, 6, 7, 8, 9, 4, 5, 6], 3, GREEDY, None).tokens.tolist() == [7, 8, 9]
+
+
+def test_combined_drafter_caps_the_heads_draft_but_not_lookups():
+    combined = LookupThenHead(LookupDrafter(torch.device("cpu")), _FixedHead(), name="lookup+stub", head_max=2)
+    assert combined.propose([1, 2, 3], 5, GREEDY, None).tokens.tolist() == [99, 99]
+    assert combined.propose([1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3], 5, GREEDY, None).tokens.tolist() == [4, 5, 6, 7, 8]
