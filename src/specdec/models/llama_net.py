@@ -12,7 +12,8 @@ instead of three on a GPU; one pass over x on a CPU).
 On a CPU the matrices can be prepacked for oneDNN (`LlamaNet.pack_for_cpu`). PyTorch's default
 CPU matmul repacks the weight on every call once there is more than one row, so a 5-token verify
 pass cost about twice a 1-token step on the 2-core test machine; with prepacked weights it costs
-about 1.4x, and a single token is no slower (docs/measuring.md, "CPU verify cost").
+about 1.3x, and at torch's 2 threads a single token is faster too (at 1 thread ~20% slower; docs/gpu.md,
+"Prepacked weights make a verify pass cheap on a CPU").
 """
 
 from __future__ import annotations
