@@ -71,8 +71,9 @@ def _head(target, path: str) -> HeadDrafter:
     return load_head_drafter(path, target.model)
 
 
-def _combined(target, path: str) -> LookupThenHead:
-    return LookupThenHead(LookupDrafter(target.model.device), _head(target, path), head_max=_head_max(target))
+def _combined(target, path: str, name: str | None = None) -> LookupThenHead:
+    return LookupThenHead(LookupDrafter(target.model.device), _head(target, path), name=name,
+                          head_max=_head_max(target))
 
 
 def _auto(target) -> Drafter:
@@ -81,8 +82,7 @@ def _auto(target) -> Drafter:
 
     path = default_head_path()
     if target.name == DISPLAY_NAME and path is not None:
-        return LookupThenHead(LookupDrafter(target.model.device), _head(target, str(path)), name="lookup+head",
-                              head_max=_head_max(target))
+        return _combined(target, str(path), name="lookup+head")
     return LookupDrafter(target.model.device)
 
 

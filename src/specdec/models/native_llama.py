@@ -90,9 +90,10 @@ class NativeLlama(CausalLM):
                 **options) -> "NativeLlama":
         """Take the weights of a loaded transformers model.
 
-        On a CPU the matrices are prepacked for oneDNN (fp32; `pack=False` keeps them plain), and the transformers model is kept as
-        `.model` for what only it does (generate() baselines, training data, the self-quantized
-        drafters), as the hf backend exposes it. On a GPU it can be dropped (no second copy there).
+        On a CPU the matrices are prepacked for oneDNN (fp32; `pack=False` keeps them plain), and the
+        transformers model is kept as `.model` (sharing its embedding table) for what only it does:
+        generate() baselines, training data, the self-quantized drafters, as the hf backend exposes
+        it. On a GPU it can be dropped (no second copy there).
         """
         arch = arch_from_hf(hf_model.config)
         weight = hf_model.get_input_embeddings().weight
@@ -101,6 +102,7 @@ class NativeLlama(CausalLM):
         load_hf_state(net, hf_model.state_dict())
         model = cls(net, name, max_length, **options)
         if model.device.type == "cpu":
+            net.embed.weight = weight  # the kept model's own table: no second copy
             if pack is not False and weight.dtype == torch.float32 and can_pack():
                 net.pack_for_cpu()
             model.model = hf_model

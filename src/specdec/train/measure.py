@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
+from specdec.bench.common import RunTotals, speedup
 from specdec.bench.specbench import QUESTIONS, load_questions
 from specdec.drafters import make_drafter
 from specdec.engine import GenerationConfig
@@ -22,41 +22,35 @@ from specdec.runtime import encode_prompt, engine_for
 from specdec.sampling import SamplingParams
 
 
-def measure(target, drafts: list[str], questions: list[dict], config: GenerationConfig) -> dict:
-    """{draft: {category: totals}} with generated tokens, rounds, drafted, accepted, decode seconds."""
+def measure(target, drafts: list[str], questions: list[dict], config: GenerationConfig) -> dict[str, dict[str, RunTotals]]:
+    """{draft: {category: RunTotals}}; plain decoding is the draft `none`."""
     engines = {name: engine_for(target, make_drafter(name, target)) for name in ["none"] + drafts}
     names = list(engines)
-    totals: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+    totals: dict[str, dict[str, RunTotals]] = {name: {} for name in names}
     for i, row in enumerate(questions):
         ids = encode_prompt(target.tokenizer, row["turns"][0])
         for j in range(len(names)):
             name = names[(i + j) % len(names)]
-            stats = engines[name].generate(ids, config).stats
-            t = totals[name][row["category"]]
-            for key in ("generated", "rounds", "drafted", "accepted"):
-                t[key] += getattr(stats, key)
-            t["seconds"] += stats.decode_time
-            t["prompts"] += 1
+            totals[name].setdefault(row["category"], RunTotals()).add(engines[name].generate(ids, config).stats)
         print(f"{i + 1}/{len(questions)} {row['category']}", flush=True)
-    return {n: {c: dict(v) for c, v in cats.items()} for n, cats in totals.items()}
+    return totals
 
 
-def summarise(totals: dict) -> dict:
+def with_overall(cats: dict[str, RunTotals]) -> dict[str, RunTotals]:
+    """The categories and an 'all' row summing them."""
+    overall = RunTotals()
+    for totals in cats.values():
+        overall.merge(totals)
+    return {**cats, "all": overall}
+
+
+def summarise(totals: dict[str, dict[str, RunTotals]]) -> dict:
     """Per draft and category (and 'all'): tau, alpha, tokens/s, speedup over `none`."""
-    out = {}
-    for name, cats in totals.items():
-        rows = dict(cats)
-        rows["all"] = {k: sum(c[k] for c in cats.values()) for k in next(iter(cats.values()))}
-        out[name] = {}
-        for cat, t in rows.items():
-            plain = totals["none"].get(cat) if cat != "all" else None
-            plain_tps = (sum(c["generated"] for c in totals["none"].values()) /
-                         sum(c["seconds"] for c in totals["none"].values())) if cat == "all" else \
-                plain["generated"] / plain["seconds"]
-            tps = t["generated"] / t["seconds"]
-            out[name][cat] = {"tau": t["generated"] / t["rounds"], "alpha": t["accepted"] / t["drafted"] if t["drafted"] else 0.0,
-                              "tokens_per_second": tps, "speedup": tps / plain_tps}
-    return out
+    plain = with_overall(totals["none"])
+    return {name: {cat: {"tau": t.tau, "alpha": t.alpha, "tokens_per_second": t.tokens_per_second,
+                         "speedup": speedup(t, plain[cat])}
+                   for cat, t in with_overall(cats).items()}
+            for name, cats in totals.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {cat:15s} tau {s['tau']:.2f}  alpha {s['alpha']:.2f}  {s['tokens_per_second']:.1f} tok/s  "
                   f"speedup {s['speedup']:.2f}x")
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "totals": totals, "summary": summary}, indent=1))
+        Path(args.out).write_text(json.dumps({"args": vars(args), "summary": summary,
+                                              "totals": {n: {c: t.to_dict() for c, t in cats.items()}
+                                                         for n, cats in totals.items()}}, indent=1))
     return 0
 
 
