@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
 import sys
 import time
@@ -66,7 +67,9 @@ def main() -> int:
     p.add_argument("--max-len", type=int, default=512, help="tokens per training text")
     p.add_argument("--check-per-category", type=int, default=0, help="Spec-Bench questions per category to measure")
     p.add_argument("--compare-head", default=None, help="a head to measure beside the new one")
+    p.add_argument("--data-only", action="store_true", help="stop after the data (a later run trains on it)")
     args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     started = time.perf_counter()
     clock = lambda: time.perf_counter() - started  # noqa: E731
 
@@ -76,7 +79,9 @@ def main() -> int:
 
     # 1. Data, a batch of prompts at a time until the time for data is spent.
     data_dir = Path(args.data_dir)
-    n = 0
+    done = len(list(data_dir.glob("shard_[0-9]*.pt")))  # regular shards a previous run left: resume after them
+    n = min(args.prompts, done * args.gen_batch)
+    shards = sorted(data_dir.glob("shard_*.pt"))
     while n < args.prompts and clock() < args.gen_seconds:
         n = min(args.prompts, n + args.gen_batch)
         data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch,
@@ -85,6 +90,10 @@ def main() -> int:
         print(f"[{clock():.0f}s] {n} prompts answered ({len(shards)} shards)", flush=True)
     data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch,
                              source_texts=args.source_texts, followups=args.followups)
+    if args.data_only:
+        tokens = sum(int(e["top_ids"].shape[0]) for path in shards for e in torch.load(path, weights_only=True))
+        print(f"[{clock():.0f}s] data only: {len(shards)} shards, {tokens} answer tokens", flush=True)
+        return 0
 
     # 2. Time the training steps on a throwaway checkpoint, then fit the steps into the budget.
     train_config = TrainConfig(steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,

@@ -13,6 +13,8 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .gl/whl gguf==0.19.0
 # Call 1 (carry .gl/part_a and .gl/whl):         bash benchmarks/train_head_gpu.sh stage
 # Call 2 (carry .gl/part_b), right after call 1:  bash benchmarks/train_head_gpu.sh train [driver options]
+# A third call on the still-warm machine finds the GGUF and the data there: with `--data-only` in call 2
+# and `--gen-seconds 0` in call 3, one call makes the data and the next trains on it for all of its time.
 # The two-stage run of docs/draft-head.md (not shipped) passed: --draft-vocab 16384 --source-texts 1024
 #   --followups 1536 --max-len 1024 --gen-seconds 230 --budget 470 --check-per-category 10
 #   --compare-head src/specdec/data/heads/smollm2-135m-head.safetensors
@@ -24,12 +26,14 @@ case "${1:-}" in
 stage)
   mkdir -p $KEEP && cp .gl/part_a $KEEP/ && cp -r .gl/whl $KEEP/ && ls -l $KEEP && nvidia-smi -L ;;
 train)
-  cat $KEEP/part_a .gl/part_b > $GGUF && echo "$SHA  $GGUF" | sha256sum -c || exit 1
+  [ -f $GGUF ] || cat $KEEP/part_a .gl/part_b > $GGUF
+  echo "$SHA  $GGUF" | sha256sum -c || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $KEEP/whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   timeout 545 python3 benchmarks/train_head_gpu.py --target $GGUF --out $KEEP/head.safetensors \
     --data-dir $KEEP/data --summary $OUT/summary.json "${@:2}" 2>&1 | tee $OUT/train.log
   if [ -f $KEEP/head.safetensors ]; then cp $KEEP/head.safetensors $OUT/; exit 0; fi
+  [ -f $KEEP/head.safetensors.ckpt ] || exit 0  # a data-only run
   # Cut short: export the last checkpoint's head (trained with a learning rate not yet decayed).
   python3 - "$KEEP/head.safetensors.ckpt" "$OUT/head_ckpt.safetensors" <<'PY'
 import sys, torch

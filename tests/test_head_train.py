@@ -75,3 +75,46 @@ def test_collate_keeps_a_prompt_longer_than_max_len_as_context_only():
     batch = collate([example(20, 10), example(5, 10)], sub_index, max_len=16)
     assert not batch.mask[0].any() and batch.mask[1].sum() == 10  # row 0: its answer lies past max_len
     assert batch.feats.shape == (2, 14, 4) and batch.feats[0].abs().sum() > 0
+
+
+def test_data_decoding_is_generates_greedy_answer_with_its_features_and_probabilities(tiny_target_dir):
+    """The data builder's own decoding loop answers exactly as transformers' generate() does, and
+    keeps the final-norm feature and the top-k probabilities of each position (left-padded batch)."""
+    from specdec.train.data import _encode_chat, _eos_ids, decode_batch
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_target_dir))
+    model = LlamaForCausalLM.from_pretrained(str(tiny_target_dir)).eval()
+    encoded = [_encode_chat(tokenizer, p) for p in ["Name a colour.", "Write a long poem about the sea, please."]]
+    width = max(len(e) for e in encoded)
+    ids = torch.tensor([[0] * (width - len(e)) + e for e in encoded])
+    attention = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
+    eos = _eos_ids(model, tokenizer)
+    answers, feats, top_ids, top_p = decode_batch(model, ids, attention, 12, False, eos, top_k=4)
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=12, do_sample=False,
+                             pad_token_id=0, output_hidden_states=True, output_logits=True,
+                             return_dict_in_generate=True)
+    assert torch.equal(answers, ref.sequences[:, width:])
+    ref_feats = torch.cat([step[-1] for step in ref.hidden_states], dim=1)  # the LM head's input
+    for row, e in enumerate(encoded):
+        real = slice(width - len(e), None)  # padding positions hold nothing
+        assert torch.allclose(feats[row, real].float(), ref_feats[row, real], rtol=2e-2, atol=1e-2)
+    probs = torch.stack(ref.logits, dim=1).softmax(-1)  # [B, R, V]
+    assert torch.equal(top_ids[..., 0].long(), probs.argmax(-1))
+    assert torch.allclose(top_p.float(), probs.topk(4, dim=-1).values, atol=1e-3)
+
+
+def test_batches_by_length_are_runs_of_neighbours_seeded_by_step():
+    from specdec.train.trainer import TrainConfig, draw_batch
+
+    examples = sorted(({"ids": torch.zeros(n, dtype=torch.int32)} for n in range(10, 400, 3)),
+                      key=lambda e: e["ids"].shape[0])
+    config = TrainConfig(batch_size=8)
+    batches = [draw_batch(examples, step, config) for step in range(20)]
+    assert all(len(b) == 8 for b in batches)
+    spans = [max(e["ids"].shape[0] for e in b) - min(e["ids"].shape[0] for e in b) for b in batches]
+    assert max(spans) == 7 * 3  # eight neighbours: the batch pads to about its own length
+    assert len({b[0]["ids"].shape[0] for b in batches}) > 5  # different places in the list
+    assert [len(e["ids"]) for e in draw_batch(examples, 3, config)] == [len(e["ids"]) for e in batches[3]]
+    mixed = draw_batch(examples, 3, TrainConfig(batch_size=8, by_length=False))
+    assert max(e["ids"].shape[0] for e in mixed) - min(e["ids"].shape[0] for e in mixed) > 21

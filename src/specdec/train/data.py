@@ -21,6 +21,7 @@ One example (a dict of tensors) for a text of n tokens whose answer starts at `s
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,6 +29,8 @@ from pathlib import Path
 import torch
 
 from specdec.train.prompts import make_followup_prompts, make_prompts, make_source_prompts
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,9 @@ def _answer_all(hf_model, tokenizer, prompts: list[str], data_dir: Path, stem: s
             torch.save(examples, tmp)
             tmp.rename(path)  # atomic: a half-written shard is never mistaken for a finished one
             tokens = sum(int(e["top_ids"].shape[0]) for e in examples)
-            bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - started):.0f}")
+            rate = tokens / (time.perf_counter() - started)
+            bar.set_postfix(tok_s=f"{rate:.0f}")
+            log.info("%s: %d answers, %d answer tokens, %.0f tokens/s", path.name, len(examples), tokens, rate)
         bar.update(1)
     bar.close()
     return paths
@@ -121,36 +126,67 @@ def _answer_batch(hf_model, tokenizer, prompts: list[str], config: DataConfig, s
     input_ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded])  # left padding: [B, P]
     attention = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
     device = next(hf_model.parameters()).device
-    out = hf_model.generate(
-        input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=config.max_new_tokens,
-        do_sample=sample, temperature=1.0 if sample else None, top_p=None, top_k=None, pad_token_id=pad,
-        output_hidden_states=True, output_logits=True, return_dict_in_generate=True,
-    )
-    # hidden_states: per step, a tuple over layers; the last entry is the LM head's input.
-    # Step 0 covers the prompt [B, P, D]; step s >= 1 covers the s-th answer token [B, 1, D].
-    feats = torch.cat([step[-1] for step in out.hidden_states], dim=1).float()  # [B, P + R - 1, D]
-    answers = out.sequences[:, width:]  # [B, R]
     eos = _eos_ids(hf_model, tokenizer)
-    # out.logits: per step [B, V]; row s of one answer predicts its token s. Stacked per answer to save memory.
-    return [_example(encoded[b], width, answers[b], feats[b], torch.stack([l[b] for l in out.logits]).float(),
-                     eos, config.top_k) for b in range(len(prompts))]
+    answers, feats, top_ids, top_p = decode_batch(hf_model, input_ids.to(device), attention.to(device),
+                                                  config.max_new_tokens, sample, eos, config.top_k)
+    return [_example(encoded[b], width, answers[b], feats[b], top_ids[b], top_p[b], eos) for b in range(len(prompts))]
 
 
-def _example(prompt: list[int], width: int, answer: torch.Tensor, feats: torch.Tensor, logits: torch.Tensor,
-             eos: set[int], top_k: int) -> dict:
+def decode_batch(hf_model, input_ids: torch.Tensor, attention: torch.Tensor, max_new_tokens: int, sample: bool,
+                 eos: set[int], top_k: int, check_every: int = 16):
+    """Batched decoding that keeps only what the head learns from, on the device as it goes.
+
+    The same model calls as transformers' generate() (prefill, then one token at a time with its KV
+    cache; positions from the left-padded attention mask), so greedy answers are generate()'s, but
+    per step it keeps just the final-norm feature [B, D] and the top-k probabilities [B, k] instead
+    of every layer's hidden states and the full logits, and checks for the end only every
+    `check_every` steps (one host sync). Returns answers [B, R], features [B, P + R - 1, D] (bf16),
+    top_ids [B, R, k], top_p [B, R, k]; rows after a row's end-of-sequence token are junk, cut later.
+    """
+    base, lm_head = hf_model.get_decoder(), hf_model.get_output_embeddings()
+    b, width = input_ids.shape
+    steps = max_new_tokens
+    device = input_ids.device
+    mask = torch.cat([attention, torch.ones(b, steps, dtype=attention.dtype, device=device)], dim=1)
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, P + R]
+    eos_ids = torch.tensor(sorted(eos), device=device)
+    answers = torch.zeros(b, steps, dtype=torch.long, device=device)
+    feats = torch.zeros(b, width + steps - 1, base.config.hidden_size, dtype=torch.bfloat16, device=device)
+    top_ids = torch.zeros(b, steps, top_k, dtype=torch.int32, device=device)
+    top_p = torch.zeros(b, steps, top_k, dtype=torch.float16, device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    out = base(input_ids=input_ids, attention_mask=mask[:, :width], position_ids=positions[:, :width], use_cache=True)
+    feats[:, :width] = out.last_hidden_state
+    hidden = out.last_hidden_state[:, -1]  # [B, D]
+    for s in range(steps):
+        probs = torch.softmax(lm_head(hidden).float(), dim=-1)  # [B, V]: predicts answer token s
+        top = probs.topk(top_k, dim=-1)
+        top_ids[:, s], top_p[:, s] = top.indices.to(torch.int32), top.values.to(torch.float16)
+        token = torch.multinomial(probs, 1)[:, 0] if sample else top.indices[:, 0]
+        answers[:, s] = token
+        done |= torch.isin(token, eos_ids)
+        if s + 1 == steps or ((s + 1) % check_every == 0 and bool(done.all())):
+            return answers[:, :s + 1], feats[:, :width + s], top_ids[:, :s + 1], top_p[:, :s + 1]
+        at = width + s
+        out = base(input_ids=token[:, None], attention_mask=mask[:, :at + 1], position_ids=positions[:, at:at + 1],
+                   past_key_values=out.past_key_values, use_cache=True)
+        hidden = out.last_hidden_state[:, -1]
+        feats[:, at] = hidden
+    raise AssertionError("unreachable")
+
+
+def _example(prompt: list[int], width: int, answer: torch.Tensor, feats: torch.Tensor, top_ids: torch.Tensor,
+             top_p: torch.Tensor, eos: set[int]) -> dict:
     """Strip padding and everything after the first end-of-sequence token from one batch row."""
     answer = answer.tolist()
     length = next((i + 1 for i, t in enumerate(answer) if t in eos), len(answer))  # keep the EOS itself
     answer = answer[:length]
     pad = width - len(prompt)
     ids = prompt + answer
-    features = feats[pad:pad + len(ids) - 1]  # [n-1, D]
-    probs = torch.softmax(logits[:length], dim=-1)  # [R, V]
-    top = probs.topk(top_k, dim=-1)
     return {  # on the CPU, so that shards load anywhere (load_examples moves them)
         "ids": torch.tensor(ids, dtype=torch.int32),
-        "features": features.to(torch.bfloat16).cpu().clone(),
+        "features": feats[pad:pad + len(ids) - 1].cpu().clone(),  # [n-1, D]
         "start": len(prompt),
-        "top_ids": top.indices.to(torch.int32).cpu(),
-        "top_p": top.values.to(torch.float16).cpu(),
+        "top_ids": top_ids[:length].cpu().clone(),
+        "top_p": top_p[:length].cpu().clone(),
     }

@@ -35,6 +35,7 @@ class TrainConfig:
     ckpt_every: int = 50
     max_len: int = 512  # tokens per training text (longer ones are cut)
     seed: int = 0
+    by_length: bool = True  # batches of neighbours in length order: little padding (long pasted prompts)
 
 
 @dataclass
@@ -137,6 +138,19 @@ def head_loss(head: DraftHead, parts: TargetParts, lm_sub: torch.Tensor, batch: 
     return total / config.unroll, accs
 
 
+def draw_batch(train_set: list[dict], step: int, config: TrainConfig) -> list[dict]:
+    """The examples of training step `step`, drawn from a generator seeded by (seed, step).
+
+    by_length: `train_set` is sorted by length (fit does it) and the batch is a run of neighbours
+    starting at a random place, so a batch pads to about its own length, not to the longest text."""
+    rng = random.Random(config.seed * 1_000_003 + step)
+    size = min(config.batch_size, len(train_set))
+    if not config.by_length:
+        return rng.sample(train_set, size)
+    start = rng.randrange(len(train_set) - size + 1)
+    return train_set[start:start + size]
+
+
 def lr_at(step: int, config: TrainConfig) -> float:
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
@@ -204,6 +218,8 @@ def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], confi
     from tqdm import tqdm
 
     train_set, val_set = split(examples, config)
+    if config.by_length:
+        train_set.sort(key=lambda e: min(int(e["ids"].shape[0]), config.max_len))
     vocab_ids = choose_vocab(train_set, head_config.draft_vocab, head_config.vocab_size)
     device = parts.embed.device
     head = new_head(head_config, vocab_ids, config.seed).to(device)
@@ -220,8 +236,7 @@ def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], confi
     lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D]
     bar = tqdm(total=config.steps, initial=step, desc="train head", unit="step", disable=not progress)
     while step < min(config.steps, stop_at or config.steps):
-        rng = random.Random(config.seed * 1_000_003 + step)
-        batch = collate(rng.sample(train_set, min(config.batch_size, len(train_set))), sub_index, config.max_len)
+        batch = collate(draw_batch(train_set, step, config), sub_index, config.max_len)
         batch = to_device(batch, device)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
