@@ -51,6 +51,7 @@ def test_prompt_streams_tokens_coloured_by_origin(page):
     page.fill("#prompt", "hello what is the draft token")
     page.fill("#temperature", "1")
     page.fill("#max-tokens", "60")
+    page.fill("#seed", "7")  # a sampled answer that is not cut short by an early end token
     page.click("#generate")
     page.wait_for_function("document.body.dataset.done === '1'", timeout=60_000)
     assert page.locator("#error").is_hidden()
@@ -62,6 +63,10 @@ def test_prompt_streams_tokens_coloured_by_origin(page):
     alpha = float(page.inner_text("#stat-alpha"))
     assert 0.0 <= alpha <= 1.0 and float(page.inner_text("#stat-tau")) >= 1.0
     shoot(page, "#live", "live")
+    first = page.inner_text("#output")
+    page.click("#generate")  # the same seed draws the same sample again
+    page.wait_for_function("document.body.dataset.done === '1'", timeout=60_000)
+    assert page.inner_text("#output") == first
 
 
 def test_dragging_a_bar_changes_the_distribution(page):

@@ -78,7 +78,9 @@
   }
 
   function requestBody() {
+    const seed = $("seed").value.trim();  // blank: a fresh draw each time; a number: the same sample again
     return {
+      ...(seed === "" ? {} : { seed: Number(seed) }),
       model: modelId,
       messages: [{ role: "user", content: $("prompt").value }],
       max_tokens: Number($("max-tokens").value),
