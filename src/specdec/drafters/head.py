@@ -28,6 +28,7 @@ from torch import nn
 
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.errors import ModelLoadError
+from specdec.models.llama_net import can_pack, linear, pack_weight
 from specdec.sampling import SamplingParams, sample, warp_logits
 
 
@@ -202,6 +203,11 @@ class HeadDrafter(Drafter):
         self.head, self.parts, self.c = head, parts, c
         self.device = parts.embed.device
         self.lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D] runtime copy of the drafted rows
+        # On a CPU the drafted rows are prepacked for oneDNN: side by side on the 2-core test machine
+        # (6 Spec-Bench prompts, K=2, same drafts) a drafted token took 6.6 ms against 8.1 ms with
+        # lm_sub @ h, decoding 5% faster. Packing the head's own small matrices measured no faster.
+        if self.device.type == "cpu" and can_pack():
+            self.lm_sub = pack_weight(self.lm_sub, 1)
         shape = (1, c.num_kv_heads, max_length, c.head_dim)
         self._k = torch.zeros(shape, device=self.device)
         self._v = torch.zeros(shape, device=self.device)
@@ -263,7 +269,7 @@ class HeadDrafter(Drafter):
 
     def _choose(self, h: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft one token from the predicted feature h [D]; returns (token, q [V] or None when greedy)."""
-        logits = self.lm_sub @ h  # [N]
+        logits = linear(h[None], self.lm_sub)[0]  # [N]
         if params.greedy:
             return self.head.vocab_ids[logits.argmax()], None
         # Warping the N sub-vocabulary logits equals warping all V with -inf outside them (cheaper).
