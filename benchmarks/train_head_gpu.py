@@ -90,9 +90,8 @@ def main() -> int:
         print(f"[{clock():.0f}s] {n} prompts answered ({len(shards)} shards)", flush=True)
     data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch,
                              source_texts=args.source_texts, followups=args.followups)
-    if args.data_only:
-        tokens = sum(int(e["top_ids"].shape[0]) for path in shards for e in torch.load(path, weights_only=True))
-        print(f"[{clock():.0f}s] data only: {len(shards)} shards, {tokens} answer tokens", flush=True)
+    if args.data_only:  # each new shard's log line gave its answer tokens; a later run loads them all anyway
+        print(f"[{clock():.0f}s] data only: {len(shards)} shards under {data_dir}", flush=True)
         return 0
 
     # 2. Time the training steps on a throwaway checkpoint, then fit the steps into the budget.
@@ -164,7 +163,7 @@ def check_on_specbench(target, heads: dict, per_category: int, max_new_tokens: i
     from specdec.bench.specbench import QUESTIONS, load_questions
     from specdec.drafters.head import DraftHead
     from specdec.train.data import _answer_batch
-    from specdec.train.trainer import evaluate
+    from specdec.train.trainer import evaluate, sub_vocab_index, usable
 
     rows = load_questions(str(QUESTIONS), per_category, None)
     answer_config = DataConfig(max_new_tokens=max_new_tokens)
@@ -173,24 +172,20 @@ def check_on_specbench(target, heads: dict, per_category: int, max_new_tokens: i
     device = next(target.model.model.parameters()).device
     examples = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in e.items()} for e in examples]
     parts = target_parts(target.model)
+    groups = {cat: [e for e, r in zip(examples, rows) if r["category"] == cat and usable(e)]
+              for cat in dict.fromkeys(r["category"] for r in rows)}
+    groups["all"] = [e for e in examples if usable(e)]
+    cfg = replace(config, max_len=2048, batch_size=4)  # Spec-Bench inputs are long: small batches
     result: dict = {}
     for name, path in heads.items():
         head = DraftHead.load(path).to(device).eval()
-        sub_index = torch.full((head.config.vocab_size,), -1, dtype=torch.long, device=device)
-        sub_index[head.vocab_ids] = torch.arange(head.config.draft_vocab, device=device)
+        sub_index = sub_vocab_index(head.vocab_ids, head.config.vocab_size, device)
         lm_sub = parts.lm_head[head.vocab_ids].float()
-        cfg = replace(config, max_len=2048, batch_size=4)  # Spec-Bench inputs are long: small batches
-        for cat in dict.fromkeys(r["category"] for r in rows):
-            chosen = [e for e, r in zip(examples, rows) if r["category"] == cat and e["ids"].shape[0] - e["start"] >= 4]
+        for group, chosen in groups.items():
             answer = torch.cat([e["ids"][e["start"]:].long() for e in chosen])
             cov = float((sub_index[answer] >= 0).float().mean())
             agree = evaluate(head, parts, lm_sub, chosen, sub_index, cfg)
-            result.setdefault(cat, {})[name] = {"coverage": round(cov, 3), "agreement": [round(a, 3) for a in agree]}
-        answer = torch.cat([e["ids"][e["start"]:].long() for e in examples])
-        agree = evaluate(head, parts, lm_sub, [e for e in examples if e["ids"].shape[0] - e["start"] >= 4],
-                         sub_index, cfg)
-        result.setdefault("all", {})[name] = {"coverage": round(float((sub_index[answer] >= 0).float().mean()), 3),
-                                              "agreement": [round(a, 3) for a in agree]}
+            result.setdefault(group, {})[name] = {"coverage": round(cov, 3), "agreement": [round(a, 3) for a in agree]}
     return result
 
 

@@ -166,13 +166,13 @@ def decode_batch(hf_model, input_ids: torch.Tensor, attention: torch.Tensor, max
         answers[:, s] = token
         done |= torch.isin(token, eos_ids)
         if s + 1 == steps or ((s + 1) % check_every == 0 and bool(done.all())):
-            return answers[:, :s + 1], feats[:, :width + s], top_ids[:, :s + 1], top_p[:, :s + 1]
+            break
         at = width + s
         out = base(input_ids=token[:, None], attention_mask=mask[:, :at + 1], position_ids=positions[:, at:at + 1],
                    past_key_values=out.past_key_values, use_cache=True)
         hidden = out.last_hidden_state[:, -1]
         feats[:, at] = hidden
-    raise AssertionError("unreachable")
+    return answers[:, :s + 1], feats[:, :width + s], top_ids[:, :s + 1], top_p[:, :s + 1]
 
 
 def _example(prompt: list[int], width: int, answer: torch.Tensor, feats: torch.Tensor, top_ids: torch.Tensor,

@@ -200,12 +200,24 @@ def save_checkpoint(path: Path, state: dict) -> None:
     tmp.replace(path)  # atomic: an interrupted save leaves the previous checkpoint intact
 
 
+def usable(example: dict) -> bool:
+    """An answer long enough to train or measure on (a pair needs two answer tokens ahead of it)."""
+    return int(example["ids"].shape[0]) - int(example["start"]) >= 4
+
+
+def sub_vocab_index(vocab_ids: torch.Tensor, vocab_size: int, device: torch.device | str) -> torch.Tensor:
+    """[vocab_size]: a target id's position in the head's sub-vocabulary `vocab_ids`, or -1 outside it."""
+    index = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+    index[vocab_ids.to(device)] = torch.arange(len(vocab_ids), device=device)
+    return index
+
+
 def load_examples(paths: list[Path], device: torch.device | str = "cpu") -> list[dict]:
     """The usable examples of every shard, their tensors on `device` (a GPU holds a million tokens' features)."""
     examples = []
     for path in paths:
         examples += torch.load(path, weights_only=True, map_location=device)
-    return [e for e in examples if int(e["ids"].shape[0]) - int(e["start"]) >= 4]
+    return [e for e in examples if usable(e)]
 
 
 def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], config: TrainConfig,
@@ -231,8 +243,7 @@ def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], confi
         optimizer.load_state_dict(state["optimizer"])
         step, history = state["step"], state["history"]
         log(f"resuming from {ckpt_path} at step {step}")
-    sub_index = torch.full((head_config.vocab_size,), -1, dtype=torch.long, device=examples[0]["ids"].device)
-    sub_index[head.vocab_ids.to(sub_index.device)] = torch.arange(head_config.draft_vocab, device=sub_index.device)
+    sub_index = sub_vocab_index(head.vocab_ids, head_config.vocab_size, examples[0]["ids"].device)
     lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D]
     bar = tqdm(total=config.steps, initial=step, desc="train head", unit="step", disable=not progress)
     while step < min(config.steps, stop_at or config.steps):
