@@ -1,10 +1,16 @@
 """Tiny random Llama models for tests: a target/draft pair sharing a small vocabulary."""
 
-import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+import os
 
-from specdec.models.hf import HFCausalLM
+# The fused CUDA kernels (specdec.models.triton_ops) run on the CPU through Triton's interpreter,
+# which is chosen when Triton is first imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from specdec.models.hf import HFCausalLM  # noqa: E402
 
 VOCAB = 64
 

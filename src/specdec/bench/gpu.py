@@ -36,6 +36,8 @@ def add_flags(p) -> None:
     p.add_argument("--context", type=int, default=512, help="prompt length for the decode timings")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens per generation in the engine runs")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--kernels", choices=["auto", "triton", "torch"], default="auto",
+                   help="native step kernels for the main runs (both are timed side by side anyway)")
     p.add_argument("--no-hf-compile", action="store_true", help="skip transformers' static cache + compile row")
 
 
@@ -125,7 +127,7 @@ def step_ms(model, prompt, rows: int, reps: int) -> float:
 
 
 # -- models ---------------------------------------------------------------------------------------
-def build_models(smoke: bool, max_length: int):
+def build_models(smoke: bool, max_length: int, kernels: str = "auto"):
     """HF target (random init), the native target on the same weights, and a native random draft."""
     import torch
     from transformers import LlamaForCausalLM
@@ -143,8 +145,10 @@ def build_models(smoke: bool, max_length: int):
             hf = LlamaForCausalLM(arch.to_hf()).eval()
     finally:
         torch.set_default_dtype(default_dtype)
-    target = NativeLlama.from_hf(hf, "random llama-3.1-8b", max_length=max_length, max_graph_rows=65)
-    draft = NativeLlama.random("llama-3.2-1b", max_length=max_length, arch_overrides=overrides, seed=1)
+    target = NativeLlama.from_hf(hf, "random llama-3.1-8b", max_length=max_length, max_graph_rows=65,
+                                 kernels=kernels)
+    draft = NativeLlama.random("llama-3.2-1b", max_length=max_length, arch_overrides=overrides, seed=1,
+                               kernels=kernels)
     return hf, target, draft
 
 
@@ -165,6 +169,54 @@ def section_decode(target, draft, prompt, bandwidth_gbs: float, smoke: bool) -> 
     return {"context": len(prompt), "ms_per_token": loop, "tokens_per_s": 1000 / loop,
             "bytes_per_token": nbytes, "achieved_gbs": achieved, "fraction_of_ceiling": achieved / bandwidth_gbs,
             "draft_ms_per_token": draft_loop, "draft_bytes_per_token": bytes_per_token(draft, len(prompt))}
+
+
+def row_invariance(model, prompt, rows: int = 9) -> dict:
+    """Does a verify pass give each row bit-for-bit the logits of single-token steps?"""
+    import torch
+
+    model.rollback(0)
+    model.prefill(prompt[:-rows])
+    together = model.forward(prompt[-rows:])
+    model.rollback(model.cache_len - rows)
+    apart = torch.cat([model.forward(prompt[i:i + 1]) for i in range(len(prompt) - rows, len(prompt))])
+    model.rollback(0)
+    return {"bitwise_equal": bool(torch.equal(together, apart)),
+            "rows_equal": int((together == apart).all(-1).sum()), "rows": rows,
+            "max_abs_diff": float((together - apart).abs().max())}
+
+
+def section_kernels(target, draft, prompt, bandwidth_gbs: float, smoke: bool) -> dict:
+    """The same nets through the torch-compiled layer (SDPA) and the fused Triton kernels, side by
+    side: step times at 1 and 9 rows, fraction of the copy ceiling, row invariance, and how far
+    the logits are from the eager (uncompiled) torch forward."""
+    import torch
+
+    from specdec.models.native_llama import NativeLlama
+
+    reps = 5 if smoke else 30
+    out = {}
+    for label, model in (("target", target), ("draft", draft)):
+        eager = NativeLlama(model.net, "eager", model.max_length, cuda_graphs=False)
+        reference = eager.prefill(prompt)[-4:]
+        eager.rollback(0)
+        nbytes = bytes_per_token(model, len(prompt))
+        out[label] = {}
+        for kernels in ("torch", "triton"):
+            m = NativeLlama(model.net, f"{model.name} {kernels}", model.max_length, kernels=kernels)
+            one, nine = step_ms(m, prompt, 1, reps), step_ms(m, prompt, 9, reps)
+            m.rollback(0)
+            m.prefill(prompt[:-4])
+            got = torch.cat([m.forward(prompt[i:i + 1]) for i in range(len(prompt) - 4, len(prompt))])
+            m.rollback(0)
+            out[label][kernels] = {
+                "step_ms_1": one, "step_ms_9": nine, "ratio_9": nine / one,
+                "fraction_of_ceiling": nbytes / one / 1e6 / bandwidth_gbs,
+                "rel_err_vs_eager": float((got - reference).norm() / reference.norm()),
+                "row_invariance": row_invariance(m, prompt)}
+    for kernels in ("torch", "triton"):
+        out[f"c_{kernels}"] = out["draft"][kernels]["step_ms_1"] / out["target"][kernels]["step_ms_1"]
+    return out
 
 
 def section_verify_curve(target, draft, prompt, smoke: bool) -> dict:
@@ -229,17 +281,19 @@ def section_oracle(target, draft, prompts, c: float, verify_ratio: dict, new_tok
 
 
 def section_identity(target, draft, prompts, new_tokens: int, k: int) -> dict:
-    """Greedy speculative vs plain output, default numerics and exact (fixed-row) numerics."""
+    """Greedy speculative vs plain output: fused Triton kernels, the torch layer (SDPA), and the
+    torch layer with matmul attention made exact by fixed rows."""
     from specdec.drafters.none import NoDrafter
     from specdec.drafters.oracle import OracleDrafter
     from specdec.models.native_llama import NativeLlama
 
-    def fixed_rows():
-        return NativeLlama(target.net, target.name + " exact", target.max_length, max_graph_rows=65,
-                           pad_rows=EXACT_ROWS, compile=True)
+    def variant(kernels, pad_rows=0):
+        return lambda: NativeLlama(target.net, f"{target.name} {kernels}", target.max_length, max_graph_rows=65,
+                                   pad_rows=pad_rows, kernels=kernels)
 
     out = {"k": k, "prompts": len(prompts), "new_tokens": new_tokens, "oracle_alpha": 0.8}
-    modes = (("default", lambda: target, False), ("exact", fixed_rows, False), ("exact+matmul-attn", fixed_rows, True))
+    modes = (("triton", variant("triton"), False), ("torch", variant("torch"), False),
+             ("torch exact+matmul-attn", variant("torch", EXACT_ROWS), True))
     for label, make, math in modes:
         target.net.math_attention = math  # baked into the graphs captured next
         model = make()
@@ -333,11 +387,13 @@ def run_gpu(args) -> int:
 
     save("copy_bandwidth_gbs", copy_bandwidth(0.5 if smoke else 4.0, 5 if smoke else 20))
     new_tokens = 16 if smoke else args.new_tokens
-    hf, target, draft = build_models(smoke, max_length=args.context + max(new_tokens, 256) + 128)
+    hf, target, draft = build_models(smoke, max_length=args.context + max(new_tokens, 256) + 128,
+                                     kernels=args.kernels)
     save("params", {"target": sum(p.numel() for p in target.net.parameters()),
                     "draft": sum(p.numel() for p in draft.net.parameters())})
     ctx_prompt = random_prompts(1, args.context, target.vocab_size, seed=0)[0]
     save("logits_vs_hf", section_logits(hf, target, ctx_prompt[:128]))
+    save("kernels", section_kernels(target, draft, ctx_prompt, res["copy_bandwidth_gbs"], smoke))
     save("decode", section_decode(target, draft, ctx_prompt, res["copy_bandwidth_gbs"], smoke))
     engine_plain, _ = engine_run(target, NoDrafter(target.device), [ctx_prompt], new_tokens, 1)
     save("decode_through_engine_tps", engine_plain["tokens_per_s"])
@@ -391,9 +447,18 @@ def print_table(res: dict) -> None:
     lines.append(f"bf16 logits vs HF: rel err prefill {lg['prefill_rel_err']:.2e} decode {lg['decode_rel_err']:.2e},"
                  f" argmax agree {lg['decode_argmax_agree']:.0%}; vs fp32: native {lg['native_bf16_vs_fp32_rel_err']:.2e}"
                  f" HF {lg['hf_bf16_vs_fp32_rel_err']:.2e}")
-    for mode in ("default", "exact", "exact+matmul-attn"):
+    kern = res["kernels"]
+    for label in ("target", "draft"):
+        row = kern[label]
+        lines.append(f"{label} step(1) torch {row['torch']['step_ms_1']:.3f} ms ({row['torch']['fraction_of_ceiling']:.0%})"
+                     f"  triton {row['triton']['step_ms_1']:.3f} ms ({row['triton']['fraction_of_ceiling']:.0%});"
+                     f" step(9)/step(1) {row['torch']['ratio_9']:.3f} / {row['triton']['ratio_9']:.3f};"
+                     f" rows bitwise = single steps: {row['torch']['row_invariance']['bitwise_equal']}"
+                     f" / {row['triton']['row_invariance']['bitwise_equal']}")
+    lines.append(f"c torch {kern['c_torch']:.3f}  triton {kern['c_triton']:.3f}")
+    for mode in ("triton", "torch", "torch exact+matmul-attn"):
         m = ident[mode]
-        lines.append(f"greedy identity ({mode:17}): {m['identity_rate']:.0%} of {ident['prompts']} prompts, "
+        lines.append(f"greedy identity ({mode:23}): {m['identity_rate']:.0%} of {ident['prompts']} prompts, "
                      f"plain {m['plain_tokens_per_s']:.0f} tok/s, spec(oracle .8, K={ident['k']}) "
                      f"{m['spec_tokens_per_s']:.0f} tok/s")
     print("\n".join(["", "=" * 100] + lines + ["=" * 100]), flush=True)

@@ -144,6 +144,9 @@ class LlamaNet(nn.Module):
         # output drifts from plain output; use it with pad_rows (fixed rows). SDPA rows do not
         # depend on the row count. Long prefills always use SDPA (no [n, n] scores).
         self.math_attention = False
+        # True: fixed-shape steps run the fused Triton kernels of triton_ops (set by NativeLlama on
+        # CUDA): nine kernels per layer, each row computed independently of the row count.
+        self.fused_kernels = False
 
     @torch.no_grad()
     def reset_buffers(self) -> None:
@@ -171,16 +174,17 @@ class LlamaNet(nn.Module):
                 getattr(block, name).weight = nn.Parameter(torch.empty(0), requires_grad=False)
         self._packed_lm = pack_weight(self.lm_weight())
 
-    def _run(self, tokens, pos, mask, kv_len, layer_fn, math_attention) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, tokens, pos, mask, kv_len, layer_fn, math_attention, norm_fn=rms_norm,
+             lm_fn=linear) -> tuple[torch.Tensor, torch.Tensor]:
         a = self.arch
         x = self.embed(tokens)  # [n, D]
         cos, sin = self.cos[pos], self.sin[pos]  # [n, hd]
         for layer in self.layers:
             x = layer_fn(x, *layer.weights(), layer.k_cache, layer.v_cache, pos, mask, cos, sin,
                          kv_len, a.n_heads, a.n_kv_heads, a.norm_eps, math_attention)
-        hidden = rms_norm(x, self.norm, a.norm_eps)  # [n, D]
+        hidden = norm_fn(x, self.norm, a.norm_eps)  # [n, D]
         lm = self.lm_weight() if self._packed_lm is None else self._packed_lm
-        return linear(hidden, lm), hidden  # [n, V], [n, D]
+        return lm_fn(hidden, lm), hidden  # [n, V], [n, D]
 
     def forward_eager(self, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [n] at positions start..start+n-1; attends only to the first start+n slots."""
@@ -195,6 +199,11 @@ class LlamaNet(nn.Module):
     def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Fixed shapes for CUDA graphs: tokens, pos [n] (device tensors); attends over all S slots
         with a mask built on the device, so the host never has to say how long the cache is."""
+        if self.fused_kernels:  # masks by position inside the attention kernel
+            from specdec.models import triton_ops
+
+            return self._run(tokens, pos, None, self.slots, triton_ops.fused_layer_step, False,
+                             triton_ops.rms_norm, triton_ops.gemv)
         mask = self._additive_mask(pos, self.slot_ids)  # [G*n, S]
         return self._run(tokens, pos, mask, self.slots, self.layer_fn, self.math_attention)
 

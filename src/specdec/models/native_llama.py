@@ -14,11 +14,16 @@ single-token step gives: greedy speculative output equals plain greedy output ev
 Without padding the default attention (SDPA) already computes each row independently of the row
 count, and an H200 run gave 100% identity (docs/gpu.md); `net.math_attention = True` is ~10%
 faster per step but row-count dependent, so use it together with pad_rows.
+
+`kernels="triton"` runs the graphed steps through the fused Triton kernels of `triton_ops` instead
+(nine kernels per layer, no torch.compile; exact by construction, each row computed the same way
+whatever the row count). `"auto"` takes them on CUDA when Triton and the shape allow.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -66,7 +71,8 @@ class NativeLlama(CausalLM):
     """A Llama-family model with a static KV cache of `max_length` tokens (batch 1)."""
 
     def __init__(self, net: LlamaNet, name: str, max_length: int, cuda_graphs: bool | None = None,
-                 compile: bool | str = True, max_graph_rows: int = 17, pad_rows: int = 0):
+                 compile: bool | str = True, max_graph_rows: int = 17, pad_rows: int = 0,
+                 kernels: str = "auto"):
         self.net = net.eval()
         self.model = None  # the transformers model it was built from, kept on a CPU (see from_hf)
         self.arch = net.arch
@@ -83,6 +89,9 @@ class NativeLlama(CausalLM):
         self._step_fn = None
         self._graphs: dict[int, _StepGraph] = {}
         self._len = 0
+        # Several models may share one net (benchmarks wrap it with other options): the flag is set
+        # on the net before each graphed step or capture, from this model's own choice.
+        self.fused_kernels = _use_fused_kernels(kernels, net.arch, self.device) and self.cuda_graphs
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -143,6 +152,7 @@ class NativeLlama(CausalLM):
             logits = logits.float()
         else:
             step = self._graph(rows)
+            self.net.fused_kernels = self.fused_kernels  # read when replaying eagerly (off CUDA)
             step.tokens[:n].copy_(tokens)
             step.pos.copy_(self.net.slot_ids[start:start + rows])
             step.replay()
@@ -167,8 +177,9 @@ class NativeLlama(CausalLM):
 
     def _graph(self, rows: int) -> _StepGraph:
         if rows not in self._graphs:
+            self.net.fused_kernels = self.fused_kernels
             compiled = self._step_fn is not None if self._compile == "step" else self.net.layer_fn is not layer_step
-            if self._compile and self.device.type == "cuda" and not compiled:
+            if self._compile and self.device.type == "cuda" and not compiled and not self.fused_kernels:
                 self._try_compile(rows)
             self._graphs[rows] = _StepGraph(self.net, rows, self._step_fn)
         return self._graphs[rows]
@@ -194,6 +205,29 @@ class NativeLlama(CausalLM):
             self.net.layer_fn = layer_step
             self._step_fn = None
             self._compile = False
+
+
+def _use_fused_kernels(kernels: str, arch: LlamaArch, device: torch.device) -> bool:
+    """Whether graphed steps take the Triton kernels: "torch" never, "triton" always (or a clear
+    error saying why it cannot), "auto" on CUDA when it can. Off CUDA only Triton's interpreter
+    runs them (TRITON_INTERPRET=1: the CPU tests)."""
+    if kernels not in ("auto", "triton", "torch"):
+        raise ValueError(f"kernels must be auto, triton or torch, not {kernels!r}")
+    if kernels == "torch":
+        return False
+    reason = None
+    if device.type != "cuda" and (kernels == "auto" or os.environ.get("TRITON_INTERPRET") != "1"):
+        reason = f"the fused kernels run on CUDA (this model is on {device.type})"
+    else:
+        try:
+            from specdec.models import triton_ops
+        except ImportError as exc:
+            reason = f"Triton is not importable ({exc}); install it or use kernels='torch'"
+        else:
+            reason = triton_ops.supports(arch)
+    if reason and kernels == "triton":
+        raise ValueError(f"kernels='triton': {reason}")
+    return reason is None
 
 
 def _slots(max_length: int, options: dict) -> int:

@@ -1,0 +1,347 @@
+"""Fused decode kernels in Triton for the native Llama path on CUDA: one decoder layer in nine launches.
+
+A decode step at batch 1 reads every weight once; what costs time beyond that is the number of
+kernels (each pays a launch and a ramp-up/tail of a few microseconds inside a CUDA graph) and
+matrix-vector products that leave bandwidth unused on small matrices. Measured on an H200 the
+torch-compiled layer lost ~40 us per layer to this, for the 8B and the 1B shape alike
+(docs/gpu.md). Here a layer is:
+
+1. `rms_norm`, then `gemv`: the fused q/k/v matrix (+ bias);
+2. `rope_and_cache`: RoPE on q and k, k and v written into the cache at their positions;
+3. `attention`: softmax(q k^T) v over the cache, causal by position, split over the cache in
+   chunks (online softmax per chunk, then a combine kernel: two launches);
+4. `gemv(residual=x)`: the output projection with the residual add in its epilogue;
+5. `rms_norm`, then `gemv(swiglu=True)`: the fused gate/up matrix and silu(gate) * up;
+6. `gemv(residual=h)`: the down projection with the residual add.
+
+Exactness by construction: every kernel computes each token row with the same tile sizes and the
+same reduction order whatever the number of rows (row blocks are always ROWS = 16 wide; the
+tensor-core products treat rows independently; the tile tuner is keyed on the matrix shape only, so a
+1-token step and a verify step of the same model use one configuration). So row i of a verify
+pass gets bit-for-bit the logits a single-token step would give (checked on an H200 by `specdec
+bench gpu`), and greedy speculative output equals plain greedy output in bf16 too, with no padded
+rows. The attention runs to the last row's position; blocks and chunks that a row may not see
+are fully masked and change nothing (their weight is exactly 0, the others' exactly 1).
+
+The elementwise epilogues round where torch rounds (bf16 after the matmul, after silu, after the
+residual add), as does the norm, so results stay within bf16 noise of the torch path. Runs on the CPU through
+Triton's interpreter (TRITON_INTERPRET=1, fp32/fp16 only) for the tests.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+ROWS = 16  # token rows per program: the smallest tensor-core tile, fixed so numerics never depend on n
+
+
+# (BLOCK_N, BLOCK_K, warps, stages): the tiles the tuner tries for each matrix shape.
+TILES = [(16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 4, 4), (32, 128, 4, 5), (64, 128, 4, 4),
+         (64, 256, 8, 3), (16, 128, 4, 6), (128, 128, 8, 3), (32, 512, 8, 3), (64, 128, 8, 5)]
+INTERPRETER_TILE = (16, 32, 4, 1)  # Triton's interpreter (the CPU tests) cannot time: one fixed tile
+
+
+@triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K,
+                 HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr,
+                 PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EVEN_K: tl.constexpr):
+    """y[m, n] = epilogue(sum_k x[m, k] * w[n, k]); with SWIGLU, w has 2N rows (gate, up).
+
+    Nothing but loads and tensor-core products in the loop: RMSNorm stays a kernel of its own.
+    Measured on an H200 (docs/gpu.md), a norm in this kernel cost more than its launch saves: a
+    first pass over x ~8 us per matrix (serial before the first weight load), and the norm folded
+    into the loop (rstd applied to the accumulator at the end) slowed the weight stream itself."""
+    dtype = x_ptr.dtype.element_ty
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    row_ok = rm < M
+    col_ok = rn < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            x_mask = row_ok[:, None]
+            w_mask = col_ok[:, None]
+        else:
+            x_mask = row_ok[:, None] & (kk < K)[None, :]
+            w_mask = col_ok[:, None] & (kk < K)[None, :]
+        x = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=x_mask, other=0.0)
+        w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+        acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
+        if SWIGLU:
+            w_up = tl.load(w_ptr + (rn + N)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+            acc_up += tl.dot(x, tl.trans(w_up), input_precision=PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    out = acc.to(dtype)
+    if SWIGLU:  # silu(gate) * up, rounded as torch rounds each op
+        gate = out.to(tl.float32)
+        act = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+        out = (act * acc_up.to(dtype).to(tl.float32)).to(dtype)
+    ptrs = rm[:, None] * N + rn[None, :]
+    mask = row_ok[:, None] & col_ok[None, :]
+    if RESIDUAL:
+        res = tl.load(r_ptr + ptrs, mask=mask, other=0.0).to(tl.float32)
+        out = (res + out.to(tl.float32)).to(dtype)
+    tl.store(y_ptr + ptrs, out, mask=mask)
+
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+_chosen_tiles: dict[tuple, tuple] = {}  # (N, K, flags, dtype, device) -> the tile the tuner picked
+
+
+def _precision(x: torch.Tensor) -> str:
+    """fp32 products in full precision (the CPU tests); bf16/fp16 ignore the setting."""
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, norm: torch.Tensor | None = None,
+         eps: float = 0.0, residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+    """x [n, K] @ w[N', K].T for a few rows n, with optional RMSNorm of x first (weight `norm`, its
+    own kernel), bias, silu(gate) * up over the two halves of w's rows (N = N' / 2), residual add."""
+    x = x.contiguous() if norm is None else rms_norm(x, norm, eps)
+    m, k = x.shape
+    n = w.shape[0] // 2 if swiglu else w.shape[0]
+    flags = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None, SWIGLU=swiglu)
+    args = (bias, None if residual is None else residual.contiguous())
+
+    def launch(weight, tile):
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        b, res = (y if a is None else a for a in args)  # unused operands: any pointer (never read)
+        block_n, block_k, warps, stages = tile
+        _gemv_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, ROWS))](
+            x, weight, b, res, y, m, n, k, **flags, PRECISION=_precision(x), BLOCK_M=ROWS,
+            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+        return y
+
+    key = (n, k, tuple(flags.values()), x.dtype, x.device)
+    if key not in _chosen_tiles:
+        _chosen_tiles[key] = INTERPRETER_TILE if _INTERPRETED else _tune(launch, w)
+    return launch(w, _chosen_tiles[key])
+
+
+def _tune(launch, w: torch.Tensor) -> tuple:
+    """The fastest tile for this matrix shape, timed as the model runs it: inside a CUDA graph
+    (no host launch cost, which would swamp a 5-us kernel) and streaming weights that are not in
+    L2 (copies cycled through, 64 MB or more in all). Keyed on the shape, never on the row count,
+    so every step of a model uses one tile (the exactness above needs that)."""
+    if torch.cuda.is_current_stream_capturing():  # cannot time inside someone's capture: the first tile
+        return TILES[0]
+    copies = [w] + [w.clone() for _ in range(min(7, -(-(64 << 20) // (w.numel() * w.element_size())) - 1))]
+    timings = {}
+    for tile in TILES:
+        try:
+            launch(w, tile)  # compile outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(2):
+                    for weight in copies:
+                        launch(weight, tile)
+            graph.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(5):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            timings[tile] = start.elapsed_time(end)
+        except Exception:  # noqa: BLE001 - a tile that does not fit this GPU (shared memory, registers)
+            continue
+    if not timings:
+        raise RuntimeError("no GEMV tile compiled on this GPU")
+    return min(timings, key=timings.get)
+
+
+@triton.jit
+def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v_cache_ptr, S,
+                       H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr):
+    """Program (m, head) for head in [0, H + 2 HKV): q heads rotated into q, k heads rotated into the
+    cache, v heads copied into the cache, at slot pos[m]. cos/sin: [n, HD] (halves repeated)."""
+    m = tl.program_id(0)
+    head = tl.program_id(1)
+    dtype = qkv_ptr.dtype.element_ty
+    half: tl.constexpr = HD // 2
+    d = tl.arange(0, half)
+    src = qkv_ptr + m * (H + 2 * HKV) * HD + head * HD
+    x1 = tl.load(src + d)
+    x2 = tl.load(src + half + d)
+    slot = tl.load(pos_ptr + m)
+    if head < H + HKV:
+        c = tl.load(cos_ptr + m * HD + d).to(tl.float32)
+        s = tl.load(sin_ptr + m * HD + d).to(tl.float32)
+        a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
+        # x * cos + rotate_half(x) * sin, each product rounded as torch does
+        y1 = ((a1 * c).to(dtype).to(tl.float32) + (-a2 * s).to(dtype).to(tl.float32)).to(dtype)
+        y2 = ((a2 * c).to(dtype).to(tl.float32) + (a1 * s).to(dtype).to(tl.float32)).to(dtype)
+        if head < H:
+            dst = q_ptr + (m * H + head) * HD
+        else:
+            dst = k_cache_ptr + ((head - H) * S + slot) * HD
+        tl.store(dst + d, y1)
+        tl.store(dst + half + d, y2)
+    else:
+        dst = v_cache_ptr + ((head - H - HKV) * S + slot) * HD
+        tl.store(dst + d, x1)
+        tl.store(dst + half + d, x2)
+
+
+def rope_and_cache(qkv, cos, sin, pos, k_cache, v_cache, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+    """qkv [n, (H + 2 Hkv) hd] -> rotated q [n, H * hd]; rotated k and v go to the caches [Hkv, S, hd]."""
+    n = qkv.shape[0]
+    hd = k_cache.shape[-1]
+    q = torch.empty(n, n_heads * hd, dtype=qkv.dtype, device=qkv.device)
+    _rope_cache_kernel[(n, n_heads + 2 * n_kv_heads)](
+        qkv.contiguous(), cos.contiguous(), sin.contiguous(), pos, q, k_cache, v_cache, k_cache.shape[1],
+        H=n_heads, HKV=n_kv_heads, HD=hd)
+    return q
+
+
+CHUNK = 128  # cache slots per attention program (split-KV): a 512-token context is 4-5 programs per KV head
+
+
+@triton.jit
+def _attention_chunk_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr, M, S, R, scale_log2,
+                            H: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, PRECISION: tl.constexpr,
+                            BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr):
+    """Program (kv head, chunk of CHUNK_S slots, row block): the unnormalised softmax(q k^T) v of
+    its rows over its chunk, with their running max and sum, for the combine kernel. Rows are
+    (token m, query head g of this KV head): r = m * G + g; a row sees the slots <= its position.
+    Chunks past the last token's position do nothing (the combine kernel stops before them)."""
+    kvh = tl.program_id(0)
+    chunk = tl.program_id(1)
+    r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
+    end = tl.load(pos_ptr + M - 1) + 1  # the last token has the largest position
+    first = chunk * CHUNK_S
+    if first < end:
+        m = r // G
+        valid = m < M
+        head = kvh * G + r % G
+        d = tl.arange(0, HD)
+        q = tl.load(q_ptr + (m * H + head)[:, None] * HD + d[None, :], mask=valid[:, None], other=0.0)
+        row_pos = tl.load(pos_ptr + m, mask=valid, other=0)
+        m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
+        base = kvh * S * HD
+        for s0 in range(first, tl.minimum(first + CHUNK_S, end), BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            kv_off = base + s[:, None] * HD + d[None, :]
+            keys = tl.load(k_ptr + kv_off, mask=(s < S)[:, None], other=0.0)
+            scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION) * scale_log2  # [R, BLOCK_S]
+            scores = tl.where(s[None, :] <= row_pos[:, None], scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            # A row that sees nothing of this chunk keeps m = -inf, l = 0, acc = 0 (no NaN from -inf - -inf).
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(scores - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            values = tl.load(v_ptr + kv_off, mask=(s < S)[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values, input_precision=PRECISION)
+            m_i = m_new
+        slot = (kvh * tl.num_programs(1) + chunk) * R + r  # [BLOCK_R] rows of this (head, chunk)
+        tl.store(acc_ptr + slot[:, None] * HD + d[None, :], acc)
+        tl.store(ml_ptr + slot * 2, m_i)
+        tl.store(ml_ptr + slot * 2 + 1, l_i)
+
+
+@triton.jit
+def _attention_combine_kernel(acc_ptr, ml_ptr, pos_ptr, out_ptr, M, R, n_chunks,
+                              H: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
+                              BLOCK_R: tl.constexpr, CHUNK_S: tl.constexpr):
+    """Program (kv head, row block): merge the chunks in order (a chunk a row cannot see adds
+    exactly nothing), normalise, write [n, H * hd]."""
+    kvh = tl.program_id(0)
+    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    m = r // G
+    valid = m < M
+    head = kvh * G + r % G
+    d = tl.arange(0, HD)
+    used = (tl.load(pos_ptr + M - 1) + CHUNK_S) // CHUNK_S  # chunks up to the last position
+    m_run = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    l_run = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
+    for c in range(0, used):
+        slot = (kvh * n_chunks + c) * R + r
+        m_c = tl.load(ml_ptr + slot * 2)
+        l_c = tl.load(ml_ptr + slot * 2 + 1)
+        m_new = tl.maximum(m_run, m_c)  # finite from chunk 0 on: every row sees slot 0
+        a = tl.exp2(m_run - m_new)
+        b = tl.exp2(m_c - m_new)
+        l_run = l_run * a + l_c * b
+        acc = acc * a[:, None] + tl.load(acc_ptr + slot[:, None] * HD + d[None, :]) * b[:, None]
+        m_run = m_new
+    out = (acc / l_run[:, None]).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + (m * H + head)[:, None] * HD + d[None, :], out, mask=valid[:, None])
+
+
+def attention(q, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+    """q [n, H * hd] at positions pos [n] (consecutive) -> [n, H * hd] over the cached k, v.
+
+    Split over the cache (flash-decoding): one program per KV head, chunk of CHUNK slots and
+    block of 16 rows, then a combine kernel; a single loop over a 512-token cache per KV head took
+    ~10 us a layer on an H200 (7% of an 8B step), for 8 programs on 132 SMs."""
+    n = q.shape[0]
+    hd, slots = k_cache.shape[-1], k_cache.shape[1]
+    group = n_heads // n_kv_heads
+    row_blocks = triton.cdiv(n * group, ROWS)
+    rows, n_chunks = row_blocks * ROWS, triton.cdiv(slots, CHUNK)
+    partial = torch.empty(n_kv_heads * n_chunks * rows, hd, dtype=torch.float32, device=q.device)
+    max_sum = torch.empty(n_kv_heads * n_chunks * rows, 2, dtype=torch.float32, device=q.device)
+    _attention_chunk_kernel[(n_kv_heads, n_chunks, row_blocks)](
+        q, k_cache, v_cache, pos, partial, max_sum, n, slots, rows, math.log2(math.e) / math.sqrt(hd),
+        H=n_heads, G=group, HD=hd, PRECISION=_precision(q), BLOCK_R=ROWS, BLOCK_S=64, CHUNK_S=CHUNK,
+        num_warps=4)
+    out = torch.empty_like(q)
+    _attention_combine_kernel[(n_kv_heads, row_blocks)](
+        partial, max_sum, pos, out, n, rows, n_chunks, H=n_heads, G=group, HD=hd, BLOCK_R=ROWS, CHUNK_S=CHUNK,
+        num_warps=4)
+    return out
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    d = tl.arange(0, BLOCK)
+    ok = d < D
+    x = tl.load(x_ptr + row * D + d, mask=ok, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    w = tl.load(w_ptr + d, mask=ok, other=0.0).to(tl.float32)
+    y = ((x * rstd).to(y_ptr.dtype.element_ty).to(tl.float32) * w).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row * D + d, y, mask=ok)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """llama_net.rms_norm in one kernel (a row per program)."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _rms_norm_kernel[(x.shape[0],)](x, weight, y, x.shape[1], eps, BLOCK=triton.next_power_of_2(x.shape[1]))
+    return y
+
+
+def supports(arch) -> str | None:
+    """Why this arch cannot take the fused kernels, or None."""
+    hd = arch.head_dim
+    if hd < 16 or hd & (hd - 1):  # tensor-core tiles over the head dim
+        return f"head dim {hd} is not a power of two >= 16"
+    return None
+
+
+def fused_layer_step(x, attn_norm, wqkv, bqkv, wo, bo, ffn_norm, w13, w2, k_cache, v_cache, pos, mask,
+                     cos, sin, kv_len, n_heads, n_kv_heads, eps, math_attention=False) -> torch.Tensor:
+    """llama_net.layer_step in nine kernels (same signature; mask, kv_len and math_attention are not
+    needed: the attention kernel masks by position and stops at the last one)."""
+    qkv = gemv(x, wqkv, bias=bqkv, norm=attn_norm, eps=eps)
+    q = rope_and_cache(qkv, cos, sin, pos, k_cache, v_cache, n_heads, n_kv_heads)
+    out = attention(q, k_cache, v_cache, pos, n_heads, n_kv_heads)
+    h = gemv(out, wo, bias=bo, residual=x)
+    act = gemv(h, w13, norm=ffn_norm, eps=eps, swiglu=True)
+    return gemv(act, w2, residual=h)

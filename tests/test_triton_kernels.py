@@ -1,0 +1,83 @@
+"""The fused Triton kernels of the native path (run on the CPU through Triton's interpreter): each
+kernel against its torch arithmetic, whole steps against the eager torch forward, and greedy
+speculative decoding through them equal to plain greedy decoding."""
+
+import pytest
+import torch
+
+triton_ops = pytest.importorskip("specdec.models.triton_ops")
+
+from specdec.drafters.lookup import LookupDrafter  # noqa: E402
+from specdec.drafters.none import NoDrafter  # noqa: E402
+from specdec.engine import Engine, GenerationConfig  # noqa: E402
+from specdec.models.llama_net import rms_norm, rotate  # noqa: E402
+from specdec.models.native_llama import NativeLlama  # noqa: E402
+from tests.test_native import SMALL, assert_same_steps, hf_model  # noqa: E402
+
+GEN = torch.Generator().manual_seed(0)
+
+
+def randn(*shape):
+    return torch.randn(*shape, generator=GEN)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_gemv_prologue_and_epilogues_match_torch(rows):
+    x, w, bias, norm, res = randn(rows, 48), randn(40, 48), randn(40), randn(48), randn(rows, 40)
+    close = dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(triton_ops.gemv(x, w), x @ w.T, **close)
+    torch.testing.assert_close(triton_ops.gemv(x, w, bias=bias, residual=res), res + x @ w.T + bias, **close)
+    torch.testing.assert_close(triton_ops.gemv(x, w, norm=norm, eps=1e-5), rms_norm(x, norm, 1e-5) @ w.T, **close)
+    gate, up = (x @ w.T).chunk(2, dim=-1)
+    torch.testing.assert_close(triton_ops.gemv(x, w, swiglu=True), torch.nn.functional.silu(gate) * up, **close)
+
+
+def test_rope_cache_and_attention_match_torch():
+    n_heads, n_kv, hd, slots, n = 4, 2, 16, 320, 5
+    pos = torch.arange(254, 254 + n)  # across a chunk boundary of the split attention (256)
+    cos, sin = randn(n, hd // 2).repeat(1, 2), randn(n, hd // 2).repeat(1, 2)  # RoPE tables repeat their halves
+    k_cache, v_cache = randn(n_kv, slots, hd), randn(n_kv, slots, hd)
+    qkv = randn(n, (n_heads + 2 * n_kv) * hd)
+    q = triton_ops.rope_and_cache(qkv, cos, sin, pos, k_cache, v_cache, n_heads, n_kv)
+    q_ref, k_ref, v_ref = qkv.split([n_heads * hd, n_kv * hd, n_kv * hd], dim=-1)
+    torch.testing.assert_close(q, rotate(q_ref.view(n, n_heads, hd), cos, sin).reshape(n, -1))
+    torch.testing.assert_close(k_cache[:, pos], rotate(k_ref.view(n, n_kv, hd), cos, sin).transpose(0, 1))
+    torch.testing.assert_close(v_cache[:, pos], v_ref.view(n, n_kv, hd).transpose(0, 1))
+
+    out = triton_ops.attention(q, k_cache, v_cache, pos, n_heads, n_kv)
+    for i, p in enumerate(pos.tolist()):  # each token sees the slots up to its own position
+        keys = k_cache[:, :p + 1].repeat_interleave(n_heads // n_kv, 0)
+        values = v_cache[:, :p + 1].repeat_interleave(n_heads // n_kv, 0)
+        ref = torch.nn.functional.scaled_dot_product_attention(q[i].view(n_heads, 1, hd), keys, values)
+        torch.testing.assert_close(out[i], ref.reshape(-1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["llama3-rope-scaling", "qwen2-qkv-bias"])
+def test_fused_steps_match_the_eager_forward(variant):
+    model = hf_model(variant)
+    eager = NativeLlama.from_hf(model, "eager", max_length=64, pack=False)
+    fused = NativeLlama.from_hf(model, "fused", max_length=64, cuda_graphs=True, kernels="triton", pack=False)
+    assert fused.fused_kernels
+    tokens = torch.randint(0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(2))
+    assert_same_steps(eager, fused, tokens, [20, 1, 5, 1, 2, 3, 7])
+
+
+def test_greedy_speculation_through_fused_kernels_equals_plain_greedy():
+    model = NativeLlama.from_hf(hf_model("llama-untied", seed=4), "fused", max_length=96, cuda_graphs=True,
+                                kernels="triton", pack=False)
+    prompt = [5, 9, 13, 5, 9, 13, 5, 9, 13, 5, 9]  # repetitive, so prompt lookup drafts
+    config = GenerationConfig(max_new_tokens=24, k=4, ignore_eos=True)
+    plain = Engine(model, NoDrafter(model.device)).generate(prompt, config)
+    spec = Engine(model, LookupDrafter(model.device)).generate(prompt, config)
+    assert spec.stats.drafted > 0
+    assert spec.token_ids == plain.token_ids
+
+
+def test_kernel_choice_is_checked(monkeypatch):
+    model = hf_model("llama-untied")
+    with pytest.raises(ValueError, match="kernels must be auto, triton or torch"):
+        NativeLlama.from_hf(model, "x", max_length=32, kernels="cuda")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="run on CUDA"):
+        NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=True, kernels="triton")
+    assert not NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=True).fused_kernels  # auto on a CPU
