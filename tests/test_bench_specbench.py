@@ -34,3 +34,19 @@ def test_specbench_reports_categories_overall_and_hf_baseline(tmp_path):
 def test_unknown_category_is_one_line_error(tmp_path, capsys):
     code, _ = run_bench(["specbench", "--categories", "poetry"], tmp_path / "out")
     assert code == 2 and "unknown categories" in capsys.readouterr().err
+
+
+def test_specbench_samples_at_a_temperature_and_reports_acceptance_by_position(tmp_path):
+    target = tiny_model_dir(tmp_path / "target", seed=0, layers=1)
+    code, data = run_bench(["specbench", "--target", str(target), "--draft", "self-int8", "--categories", "writing",
+                            "--max-new-tokens", "8", "-k", "3", "--temperature", "1", "--seed", "5"], tmp_path / "out")
+    assert code == 0
+    assert data["temperature"] == 1.0 and data["seed"] == 5
+    overall = data["overall"]
+    assert len(overall["alpha_by_position"]) == 3
+    assert all(0.0 <= a <= 1.0 for a in overall["alpha_by_position"]) and 0.0 <= overall["alpha_judged"] <= 1.0
+
+
+def test_specbench_refuses_a_sampled_hf_baseline(tmp_path, capsys):
+    code, _ = run_bench(["specbench", "--temperature", "1", "--hf-baseline"], tmp_path / "out")
+    assert code == 2 and "greedy" in capsys.readouterr().err

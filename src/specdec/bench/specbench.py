@@ -1,8 +1,10 @@
-"""`specdec bench specbench`: Spec-Bench (Xia et al. 2024) prompts, greedy, batch 1, as Spec-Bench reports.
+"""`specdec bench specbench`: Spec-Bench (Xia et al. 2024) prompts, batch 1, as Spec-Bench reports.
 
 First turn of each question through the chat template; per category and overall: mean tokens per
-round (tau, "mean accepted tokens" in Spec-Bench, counting the bonus/recovered token) and speedup of
-the draft over plain decoding through the same engine (alternating which runs first).
+round (tau, "mean accepted tokens" in Spec-Bench, counting the bonus/recovered token), acceptance
+per draft position, and speedup of the draft over plain decoding through the same engine
+(alternating which runs first). Greedy by default; `--temperature T` samples (question i with seed
+`--seed` + i, the same for the plain and the speculative run).
 `--hf-baseline` also times transformers' `model.generate()` (greedy, same prompts, same limits) on
 the same target weights, to compare plain decoding through the engine with it.
 """
@@ -22,8 +24,8 @@ QUESTIONS = Path(__file__).resolve().parent.parent / "data" / "spec_bench" / "qu
 def register(sub) -> None:
     from specdec.bench.common import add_bench_flags
 
-    p = sub.add_parser("specbench", help="Spec-Bench: tau and speedup per category (greedy, batch 1)",
-                       description="Spec-Bench questions (first turn), greedy: tau and speedup by category.")
+    p = sub.add_parser("specbench", help="Spec-Bench: tau and speedup per category (batch 1)",
+                       description="Spec-Bench questions (first turn): tau and speedup by category.")
     add_bench_flags(p, draft_default="lookup")
     add_k_flag(p, default=5)
     p.add_argument("--per-category", type=positive_int, default=1,
@@ -31,6 +33,8 @@ def register(sub) -> None:
     p.add_argument("--categories", default=None, help="comma-separated categories (default: all 13)")
     p.add_argument("--questions", default=str(QUESTIONS), help="question.jsonl (default: the shipped copy)")
     p.add_argument("--max-new-tokens", type=positive_int, default=128, help="(default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the first question (default: %(default)s)")
     p.add_argument("--hf-baseline", action="store_true",
                    help="also time transformers model.generate() (greedy) on the same target")
     p.set_defaults(func=run)
@@ -92,14 +96,20 @@ class HFGenerate:
 def run(args: argparse.Namespace) -> int:
     from specdec.bench.common import RunTotals, load_target, progress, runtime_pair
     from specdec.engine import GenerationConfig
+    from specdec.errors import InvalidRequestError
+    from specdec.sampling import SamplingParams
 
+    if args.hf_baseline and args.temperature > 0:
+        raise InvalidRequestError("--hf-baseline times greedy generate(); drop it or use --temperature 0")
     questions = load_questions(args.questions, args.per_category, args.categories)
+    SamplingParams(temperature=args.temperature)  # a bad temperature fails before the model loads
     target = load_target(args)
     plain, spec = runtime_pair(target, args.draft)
     hf = HFGenerate(target, args) if args.hf_baseline else None
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k)
     totals: dict[str, dict] = {}
     for i, q in enumerate(progress(questions, desc=f"specbench ({args.draft})")):
+        sampling = SamplingParams(temperature=args.temperature, seed=args.seed + i)
+        config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling)
         ids = plain.encode(q["turns"][0])
         bucket = totals.setdefault(q["category"], {"n": 0, "plain": RunTotals(), "spec": RunTotals(), "hf": [0, 0.0]})
         bucket["n"] += 1
@@ -122,6 +132,7 @@ def _row(name: str, n: int, plain, spec, hf: list | None) -> dict:
 
     plain_e2e = plain.generated / (plain.decode_time + plain.prefill_time) if plain.generated else 0.0
     row = {"category": name, "questions": n, "tau": spec.tau, "alpha": spec.alpha,
+           "alpha_judged": spec.alpha_judged, "alpha_by_position": spec.alpha_by_position,
            "plain_tokens_per_second": plain.tokens_per_second, "tokens_per_second": spec.tokens_per_second,
            "speedup": speedup(spec, plain), "plain_end_to_end_tokens_per_second": plain_e2e}
     if hf is not None:
@@ -143,15 +154,19 @@ def report(args, target, spec, totals: dict, with_hf: bool) -> None:
         all_hf[1] += b["hf"][1]
         count += rows[-1]["questions"]
     overall = _row("overall", count, all_plain, all_spec, all_hf if with_hf else None)
-    columns = ["category", "n", "tau", "plain tok/s", f"{spec.drafter.name} tok/s", "speedup"]
+    columns = ["category", "n", "tau", "kept/judged", "plain tok/s", f"{spec.drafter.name} tok/s", "speedup"]
     if with_hf:
         columns += ["plain e2e tok/s", "HF generate() tok/s", "plain/HF"]
-    print_table(f"Spec-Bench: {target.name} + {spec.drafter.name}, K={args.k}, greedy, "
+    mode = "greedy" if args.temperature == 0 else f"T={args.temperature:g}"
+    print_table(f"Spec-Bench: {target.name} + {spec.drafter.name}, K={args.k}, {mode}, "
                 f"{args.max_new_tokens} new tokens max", columns,
-                [[r["category"], r["questions"], r["tau"], r["plain_tokens_per_second"], r["tokens_per_second"],
+                [[r["category"], r["questions"], r["tau"], r["alpha_judged"], r["plain_tokens_per_second"],
+                  r["tokens_per_second"],
                   r["speedup"]] + ([r["plain_end_to_end_tokens_per_second"], r["hf_tokens_per_second"],
                                     r["plain_vs_hf"]] if with_hf else []) for r in rows + [overall]],
-                note="tok/s: decode only (prefill excluded); e2e and HF: prompt to last token")
+                note="tok/s: decode only (prefill excluded); e2e and HF: prompt to last token; kept/judged: "
+                     "drafts kept over drafts the target judged; kept per draft position overall: "
+                     + ", ".join(f"{a:.2f}" for a in overall["alpha_by_position"]))
     fig, ax = new_figure(7, 4)
     ax.bar([r["category"] for r in rows], [r["speedup"] for r in rows], color="tab:green")
     ax.axhline(1.0, color="grey", linewidth=0.8)
@@ -160,6 +175,7 @@ def report(args, target, spec, totals: dict, with_hf: bool) -> None:
     ax.tick_params(axis="x", labelrotation=45)
     plot = save_plot(fig, args.out_dir, "specbench")
     data = {"command": "specbench", "target": target.name, "draft": spec.drafter.name, "k": args.k,
+            "temperature": args.temperature, "seed": args.seed,
             "precision": precision_of(target), "max_new_tokens": args.max_new_tokens,
             "per_category": args.per_category, "categories": rows, "overall": overall, "plot": str(plot)}
     finish(args, "specbench", data, ScoreRow(
