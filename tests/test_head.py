@@ -48,14 +48,14 @@ def head_path(tiny_target, tmp_path_factory):
     return tmp / "head.safetensors"
 
 
-def head_drafter(model, path) -> HeadDrafter:
-    return HeadDrafter(DraftHead.load(path), target_parts(model))
+def head_drafter(model, path, min_confidence: float = 0.0) -> HeadDrafter:
+    return HeadDrafter(DraftHead.load(path), target_parts(model), min_confidence=min_confidence)
 
 
-@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("k, min_confidence", [(1, 0.0), (3, 0.0), (6, 0.0), (6, 0.003)])
 @pytest.mark.parametrize("kind", ["head", "lookup+head"])
-def test_greedy_identity_with_head(tiny_target, head_path, kind, k):
-    drafter = head_drafter(tiny_target, head_path)
+def test_greedy_identity_with_head(tiny_target, head_path, kind, k, min_confidence):
+    drafter = head_drafter(tiny_target, head_path, min_confidence)
     if kind == "lookup+head":
         drafter = LookupThenHead(LookupDrafter(CPU), drafter)
     engine = Engine(tiny_target, drafter)
@@ -83,6 +83,31 @@ def test_output_follows_target_distribution_with_head(tmp_path, kind, params):
         drafter = LookupThenHead(LookupDrafter(CPU, max_ngram=1), drafter, min_match=1)  # both draft
     counts = sampled_joint(Engine(target, drafter), params, k=2, samples=1000, n_tokens=2)
     assert goodness_of_fit(counts, exact_joint(target, params, n_tokens=2)) > 1e-3
+
+
+def test_confidence_stop_drafts_fewer_tokens_and_keeps_the_first(tiny_target, head_path):
+    """min_confidence cuts a round once the head's product of probabilities falls below it; the
+    first draft of a round is always made."""
+    config = GenerationConfig(max_new_tokens=24, k=5)
+    drafted, positions = {}, {}
+    for min_confidence in (0.0, 0.003, 0.99):  # this head is unsure: 0.003 stops most rounds after two
+        stats = Engine(tiny_target, head_drafter(tiny_target, head_path, min_confidence)).generate(
+            PROMPTS[0], config).stats
+        drafted[min_confidence] = stats.drafted / stats.rounds
+        positions[min_confidence] = len([n for n in stats.drafted_per_position if n])
+    assert drafted[0.0] > 4.0 and positions[0.0] == 5  # K = 5, less only where max_new_tokens caps a round
+    assert positions[0.99] == 1  # a barely trained head is never 99% sure: first drafts only
+    assert drafted[0.99] < drafted[0.003] < drafted[0.0]
+    with pytest.raises(ValueError, match="min_confidence"):
+        head_drafter(tiny_target, head_path, 1.0)
+
+
+def test_confidence_stop_keeps_sampled_output_exact(tmp_path):
+    target = tiny_llama(20, layers=1, hidden=16, vocab=5, scale=30.0)
+    drafter = HeadDrafter(train_head(target, draft_vocab=5, steps=2, tmp_path=tmp_path), target_parts(target),
+                          min_confidence=0.3)
+    counts = sampled_joint(Engine(target, drafter), HOT, k=3, samples=1000, n_tokens=2)
+    assert goodness_of_fit(counts, exact_joint(target, HOT, n_tokens=2)) > 1e-3
 
 
 def test_save_load_round_trip(tiny_target, head_path, tmp_path):
@@ -121,6 +146,9 @@ def test_registry_builds_head_and_combined(tiny_target, head_path):
     loaded = LoadedModel(tiny_target, tokenizer=None, name="tiny")
     assert isinstance(make_drafter(f"head:{head_path}", loaded), HeadDrafter)
     assert isinstance(make_drafter(f"lookup+head:{head_path}", loaded), LookupThenHead)
+    with_confidence = make_drafter(f"lookup+head:{head_path}:0.25", loaded)
+    assert with_confidence.head.min_confidence == 0.25 and with_confidence.head_max is None
+    assert make_drafter(f"head:{head_path}", loaded).min_confidence == 0.0
     assert isinstance(make_drafter("auto", loaded), LookupDrafter)  # no shipped head for this target
     with pytest.raises(ModelLoadError, match="not found"):
         make_drafter("head:/nonexistent/head.safetensors", loaded)

@@ -51,11 +51,13 @@ class LookupThenHead(Drafter):
 CPU_HEAD_MAX = 2
 
 
-def _head_max(target) -> int | None:
-    return CPU_HEAD_MAX if target.model.device.type == "cpu" else None
+def _head_max(target, min_confidence: float) -> int | None:
+    """On a CPU the head drafts at most CPU_HEAD_MAX a round, unless its confidence decides."""
+    return CPU_HEAD_MAX if target.model.device.type == "cpu" and min_confidence == 0.0 else None
 
 
-# --- registration: `head:PATH`, `lookup+head:PATH`, and `auto` (the shipped head for the embedded target) ---
+# --- registration: `head:PATH[:MIN_CONF]`, `lookup+head:PATH[:MIN_CONF]`, and `auto` (the shipped head
+# for the embedded target) ---
 
 def default_head_path():
     """The head shipped for the embedded default target (None when the package has none)."""
@@ -65,15 +67,29 @@ def default_head_path():
     return path if path.is_file() else None
 
 
-def _head(target, path: str) -> HeadDrafter:
+def split_confidence(arg: str) -> tuple[str, float]:
+    """`PATH` or `PATH:MIN_CONFIDENCE` (a number in [0, 1): stop a round once the head's estimate
+    that all its drafts are kept falls below it) -> (path, min_confidence)."""
+    path, _, tail = arg.rpartition(":")
+    if path:
+        try:
+            return path, float(tail)
+        except ValueError:
+            pass
+    return arg, 0.0
+
+
+def _head(target, arg: str) -> HeadDrafter:
     from specdec.drafters.head import load_head_drafter
 
-    return load_head_drafter(path, target.model)
+    path, min_confidence = split_confidence(arg)
+    return load_head_drafter(path, target.model, name=f"head:{arg}", min_confidence=min_confidence)
 
 
-def _combined(target, path: str, name: str | None = None) -> LookupThenHead:
-    return LookupThenHead(LookupDrafter(target.model.device), _head(target, path), name=name,
-                          head_max=_head_max(target))
+def _combined(target, arg: str, name: str | None = None) -> LookupThenHead:
+    head = _head(target, arg)
+    return LookupThenHead(LookupDrafter(target.model.device), head, name=name,
+                          head_max=_head_max(target, head.min_confidence))
 
 
 def _auto(target) -> Drafter:

@@ -194,13 +194,20 @@ class HeadDrafter(Drafter):
     name = "head"
     needs_target_features = True
 
-    def __init__(self, head: DraftHead, parts: TargetParts, max_length: int = 8192, name: str | None = None):
+    def __init__(self, head: DraftHead, parts: TargetParts, max_length: int = 8192, name: str | None = None,
+                 min_confidence: float = 0.0):
         c = head.config
         if parts.embed.shape != (c.vocab_size, c.hidden) or parts.lm_head.shape[0] != c.vocab_size:
             raise ModelLoadError(
                 f"this draft head was trained for a target with vocabulary {c.vocab_size} and hidden size "
                 f"{c.hidden}; the target has {tuple(parts.embed.shape)}: train a head for this target")
         self.head, self.parts, self.c = head, parts, c
+        # Stop a round early once the head's own estimate that every draft so far is kept (the product
+        # of its probabilities of the tokens it drafted) falls below this: a draft unlikely to be
+        # reached costs a verify slot and a draft step for nothing. The first token is always drafted.
+        if not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
+        self.min_confidence = min_confidence
         self.device = parts.embed.device
         self.lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D] runtime copy of the drafted rows
         # On a CPU the drafted rows are prepacked for oneDNN: side by side on the 2-core test machine
@@ -242,8 +249,13 @@ class HeadDrafter(Drafter):
             self._true_pairs = n
         h = self._last_true
         drafted, qs = [], []
+        reach = 1.0  # the head's estimate that all drafts so far are kept
         for i in range(k):
-            token, q = self._choose(h, params, generator)
+            token, q, confidence = self._choose(h, params, generator)
+            if self.min_confidence > 0.0:
+                reach *= confidence
+                if i > 0 and reach < self.min_confidence:
+                    break
             drafted.append(token)
             if q is not None:
                 qs.append(q)
@@ -267,19 +279,23 @@ class HeadDrafter(Drafter):
         out = self.head.layer.finish(x, q, self._k[:, :, :end], self._v[:, :, :end], mask)
         return rms_norm(out[0, -1], self.parts.norm_weight.float(), self.parts.norm_eps)
 
-    def _choose(self, h: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft one token from the predicted feature h [D]; returns (token, q [V] or None when greedy)."""
+    def _choose(self, h: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+        """Draft one token from the predicted feature h [D]: (token, q [V] or None when greedy, the
+        head's probability of that token, computed only when min_confidence asks for it)."""
         logits = linear(h[None], self.lm_sub)[0]  # [N]
         if params.greedy:
-            return self.head.vocab_ids[logits.argmax()], None
+            best = logits.argmax()
+            confidence = float(torch.softmax(logits, -1)[best]) if self.min_confidence > 0.0 else 1.0
+            return self.head.vocab_ids[best], None, confidence
         # Warping the N sub-vocabulary logits equals warping all V with -inf outside them (cheaper).
         q_sub = warp_logits(logits, params)  # [N]
         q = q_sub.new_zeros(self.c.vocab_size).index_copy_(0, self.head.vocab_ids, q_sub)  # [V]: the q drawn from
-        return self.head.vocab_ids[sample(q_sub, generator)].reshape(()), q
+        index = sample(q_sub, generator)
+        return self.head.vocab_ids[index].reshape(()), q, float(q_sub[index])
 
 
-def load_head_drafter(path: str, target_model, name: str | None = None) -> HeadDrafter:
+def load_head_drafter(path: str, target_model, name: str | None = None, min_confidence: float = 0.0) -> HeadDrafter:
     """A HeadDrafter for `path` on a target backend (CausalLM)."""
     head = DraftHead.load(path, device=target_model.device)
     return HeadDrafter(head, target_parts(target_model), max_length=min(target_model.max_length, 1 << 15),
-                       name=name or f"head:{path}")
+                       name=name or f"head:{path}", min_confidence=min_confidence)
