@@ -33,3 +33,17 @@ def test_greedy_identity_with_shipped_head(runtime, draft):
         gen = spec.engine.generate(ids, config)
         assert gen.token_ids == plain.engine.generate(ids, config).token_ids
         assert gen.stats.accepted > 0  # the trained head's drafts do get kept
+
+
+def test_auto_samples_with_the_head_alone_one_token_a_round(runtime):
+    """At T=1 the embedded model rarely keeps lookup's copies: `auto` drafts with the head only, one
+    token a round on a CPU (and greedy rounds still use lookup with up to K)."""
+    from specdec.sampling import SamplingParams
+
+    assert runtime.drafter.sampled == (False, 1)
+    ids = runtime.encode("Repeat exactly: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat.")
+    sampled = runtime.engine.generate(ids, GenerationConfig(max_new_tokens=16, k=4,
+                                                            sampling=SamplingParams(temperature=1.0, seed=0)))
+    assert sampled.stats.drafted > 0 and len([n for n in sampled.stats.drafted_per_position if n]) == 1
+    greedy = runtime.engine.generate(ids, GenerationConfig(max_new_tokens=16, k=4))
+    assert len([n for n in greedy.stats.drafted_per_position if n]) > 1  # lookup copied the repeated text
