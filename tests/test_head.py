@@ -154,6 +154,18 @@ def test_registry_builds_head_and_combined(tiny_target, head_path):
         make_drafter("head:/nonexistent/head.safetensors", loaded)
 
 
+def test_min_confidence_suffix_parsing(tmp_path):
+    from specdec.drafters.combined import split_confidence
+
+    assert split_confidence("heads/h.safetensors:0.3") == ("heads/h.safetensors", 0.3)
+    assert split_confidence("heads/h.safetensors") == ("heads/h.safetensors", 0.0)
+    odd = tmp_path / "epoch:3"
+    odd.write_text("")
+    assert split_confidence(str(odd)) == (str(odd), 0.0)  # an existing file is a path, colon and all
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
+        split_confidence("heads/h.safetensors:1.5")
+
+
 def test_head_for_another_target_is_refused(head_path):
     other = tiny_llama(5, layers=1, hidden=16, vocab=64)
     with pytest.raises(ModelLoadError, match="train a head for this target"):

@@ -74,13 +74,18 @@ def default_head_path():
 def split_confidence(arg: str) -> tuple[str, float]:
     """`PATH` or `PATH:MIN_CONFIDENCE` (a number in [0, 1): stop a round once the head's estimate
     that all its drafts are kept falls below it) -> (path, min_confidence)."""
+    from pathlib import Path
+
     path, _, tail = arg.rpartition(":")
-    if path:
-        try:
-            return path, float(tail)
-        except ValueError:
-            pass
-    return arg, 0.0
+    if not path or Path(arg).exists():  # a file whose own name ends in ":<number>" is a path
+        return arg, 0.0
+    try:
+        min_confidence = float(tail)
+    except ValueError:
+        return arg, 0.0
+    if not 0.0 <= min_confidence < 1.0:
+        raise ValueError(f"the head's MIN_CONF in {arg!r} must be in [0, 1), got {tail}")
+    return path, min_confidence
 
 
 def _head(target, arg: str) -> HeadDrafter:

@@ -202,9 +202,9 @@ class HeadDrafter(Drafter):
                 f"this draft head was trained for a target with vocabulary {c.vocab_size} and hidden size "
                 f"{c.hidden}; the target has {tuple(parts.embed.shape)}: train a head for this target")
         self.head, self.parts, self.c = head, parts, c
-        # Stop a round early once the head's own estimate that every draft so far is kept (the product
-        # of its probabilities of the tokens it drafted) falls below this: a draft unlikely to be
-        # reached costs a verify slot and a draft step for nothing. The first token is always drafted.
+        # End a round once the head's own estimate that every draft so far is kept (the product of
+        # its probabilities of the tokens it drafted) falls below this: a draft unlikely to be reached
+        # costs a verify slot and a draft step for nothing. The first token is always drafted.
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
         self.min_confidence = min_confidence
@@ -252,15 +252,15 @@ class HeadDrafter(Drafter):
         reach = 1.0  # the head's estimate that all drafts so far are kept
         for i in range(k):
             token, q, confidence = self._choose(h, params, generator)
-            if self.min_confidence > 0.0:
-                reach *= confidence
-                if i > 0 and reach < self.min_confidence:
-                    break
             drafted.append(token)
             if q is not None:
                 qs.append(q)
-            if i + 1 < k:
-                h = self._step(h[None], token.reshape(1), n + i)
+            reach *= confidence
+            # Whether to draft the next position is decided before drawing it, from the tokens drawn
+            # so far: a rule that looked at the new token itself would skew sampled output.
+            if i + 1 == k or reach < self.min_confidence:
+                break
+            h = self._step(h[None], token.reshape(1), n + i)
         return Draft(torch.stack(drafted), torch.stack(qs) if qs else None)
 
     def _step(self, feats: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
@@ -291,7 +291,8 @@ class HeadDrafter(Drafter):
         q_sub = warp_logits(logits, params)  # [N]
         q = q_sub.new_zeros(self.c.vocab_size).index_copy_(0, self.head.vocab_ids, q_sub)  # [V]: the q drawn from
         index = sample(q_sub, generator)
-        return self.head.vocab_ids[index].reshape(()), q, float(q_sub[index])
+        confidence = float(q_sub[index]) if self.min_confidence > 0.0 else 1.0  # a host sync: only on request
+        return self.head.vocab_ids[index].reshape(()), q, confidence
 
 
 def load_head_drafter(path: str, target_model, name: str | None = None, min_confidence: float = 0.0) -> HeadDrafter:

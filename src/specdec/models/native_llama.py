@@ -91,6 +91,8 @@ class NativeLlama(CausalLM):
         self._len = 0
         # Several models may share one net (benchmarks wrap it with other options): the flag is set
         # on the net before each graphed step or capture, from this model's own choice.
+        if kernels == "triton" and not self.cuda_graphs:
+            raise ValueError("kernels='triton' runs the graphed steps: it needs cuda_graphs (on CUDA, the default)")
         self.fused_kernels = _use_fused_kernels(kernels, net.arch, self.device) and self.cuda_graphs
 
     # -- construction ------------------------------------------------------------------------
@@ -112,7 +114,7 @@ class NativeLlama(CausalLM):
         model = cls(net, name, max_length, **options)
         if model.device.type == "cpu":
             net.embed.weight = weight  # the kept model's own table: no second copy
-            if pack is not False and weight.dtype == torch.float32 and can_pack():
+            if pack is not False and weight.dtype == torch.float32 and can_pack() and not model.fused_kernels:
                 net.pack_for_cpu()
             model.model = hf_model
         return model
