@@ -95,10 +95,11 @@ def _head(target, arg: str) -> HeadDrafter:
     return load_head_drafter(path, target.model, name=f"head:{arg}", min_confidence=min_confidence)
 
 
-def _combined(target, arg: str, name: str | None = None) -> LookupThenHead:
+def _combined(target, arg: str, name: str | None = None, sampled: tuple[bool, int | None] | None = None
+              ) -> LookupThenHead:
     head = _head(target, arg)
     return LookupThenHead(LookupDrafter(target.model.device), head, name=name,
-                          head_max=_head_max(target, head.min_confidence))
+                          head_max=_head_max(target, head.min_confidence), sampled=sampled)
 
 
 # The embedded model sampled at T=1 keeps lookup's copied tokens rarely (0.15 of them on Spec-Bench,
@@ -111,9 +112,8 @@ def _auto(target) -> Drafter:
 
     path = default_head_path()
     if target.name == DISPLAY_NAME and path is not None:
-        combined = _combined(target, str(path), name="lookup+head")
-        combined.sampled = (False, 1 if target.model.device.type == "cpu" else None)
-        return combined
+        sampled = (False, 1 if target.model.device.type == "cpu" else None)
+        return _combined(target, str(path), name="lookup+head", sampled=sampled)
     return LookupDrafter(target.model.device)
 
 

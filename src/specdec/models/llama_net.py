@@ -144,9 +144,6 @@ class LlamaNet(nn.Module):
         # output drifts from plain output; use it with pad_rows (fixed rows). SDPA rows do not
         # depend on the row count. Long prefills always use SDPA (no [n, n] scores).
         self.math_attention = False
-        # True: fixed-shape steps run the fused Triton kernels of triton_ops (set by NativeLlama on
-        # CUDA): nine kernels per layer, each row computed independently of the row count.
-        self.fused_kernels = False
 
     @torch.no_grad()
     def reset_buffers(self) -> None:
@@ -196,10 +193,13 @@ class LlamaNet(nn.Module):
             mask = self._additive_mask(pos, self.slot_ids[:kv_len])
         return self._run(tokens, pos, mask, kv_len, layer_step, False)
 
-    def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor,
+                       fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Fixed shapes for CUDA graphs: tokens, pos [n] (device tensors); attends over all S slots
-        with a mask built on the device, so the host never has to say how long the cache is."""
-        if self.fused_kernels:  # masks by position inside the attention kernel
+        with a mask built on the device, so the host never has to say how long the cache is.
+        fused: the Triton kernels of triton_ops (nine per layer, each row computed independently
+        of the row count) instead of layer_fn."""
+        if fused:  # masks by position inside the attention kernel
             from specdec.models import triton_ops
 
             return self._run(tokens, pos, None, self.slots, triton_ops.fused_layer_step, False,

@@ -22,6 +22,7 @@ whatever the row count). `"auto"` takes them on CUDA when Triton and the shape a
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -89,8 +90,6 @@ class NativeLlama(CausalLM):
         self._step_fn = None
         self._graphs: dict[int, _StepGraph] = {}
         self._len = 0
-        # Several models may share one net (benchmarks wrap it with other options): the flag is set
-        # on the net before each graphed step or capture, from this model's own choice.
         if kernels == "triton" and not self.cuda_graphs:
             raise ValueError("kernels='triton' runs the graphed steps: it needs cuda_graphs (on CUDA, the default)")
         self.fused_kernels = _use_fused_kernels(kernels, net.arch, self.device) and self.cuda_graphs
@@ -154,7 +153,6 @@ class NativeLlama(CausalLM):
             logits = logits.float()
         else:
             step = self._graph(rows)
-            self.net.fused_kernels = self.fused_kernels  # read when replaying eagerly (off CUDA)
             step.tokens[:n].copy_(tokens)
             step.pos.copy_(self.net.slot_ids[start:start + rows])
             step.replay()
@@ -179,11 +177,12 @@ class NativeLlama(CausalLM):
 
     def _graph(self, rows: int) -> _StepGraph:
         if rows not in self._graphs:
-            self.net.fused_kernels = self.fused_kernels
             compiled = self._step_fn is not None if self._compile == "step" else self.net.layer_fn is not layer_step
             if self._compile and self.device.type == "cuda" and not compiled and not self.fused_kernels:
                 self._try_compile(rows)
-            self._graphs[rows] = _StepGraph(self.net, rows, self._step_fn)
+            # The choice is bound into this model's step, so models sharing one net keep their own.
+            step_fn = self._step_fn or functools.partial(self.net.forward_static, fused=self.fused_kernels)
+            self._graphs[rows] = _StepGraph(self.net, rows, step_fn)
         return self._graphs[rows]
 
     def _try_compile(self, rows: int) -> None:

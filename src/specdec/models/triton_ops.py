@@ -104,11 +104,11 @@ def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, norm: torch.Tensor | None = None,
-         eps: float = 0.0, residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
-    """x [n, K] @ w[N', K].T for a few rows n, with optional RMSNorm of x first (weight `norm`, its
-    own kernel), bias, silu(gate) * up over the two halves of w's rows (N = N' / 2), residual add."""
-    x = x.contiguous() if norm is None else rms_norm(x, norm, eps)
+def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+         residual: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
+    """x [n, K] @ w[N', K].T for a few rows n, with optional bias, silu(gate) * up over the two
+    halves of w's rows (N = N' / 2), and residual add."""
+    x = x.contiguous()
     m, k = x.shape
     n = w.shape[0] // 2 if swiglu else w.shape[0]
     flags = dict(HAS_BIAS=bias is not None, RESIDUAL=residual is not None, SWIGLU=swiglu)
@@ -339,9 +339,9 @@ def fused_layer_step(x, attn_norm, wqkv, bqkv, wo, bo, ffn_norm, w13, w2, k_cach
                      cos, sin, kv_len, n_heads, n_kv_heads, eps, math_attention=False) -> torch.Tensor:
     """llama_net.layer_step in nine kernels (same signature; mask, kv_len and math_attention are not
     needed: the attention kernel masks by position and stops at the last one)."""
-    qkv = gemv(x, wqkv, bias=bqkv, norm=attn_norm, eps=eps)
+    qkv = gemv(rms_norm(x, attn_norm, eps), wqkv, bias=bqkv)
     q = rope_and_cache(qkv, cos, sin, pos, k_cache, v_cache, n_heads, n_kv_heads)
     out = attention(q, k_cache, v_cache, pos, n_heads, n_kv_heads)
     h = gemv(out, wo, bias=bo, residual=x)
-    act = gemv(h, w13, norm=ffn_norm, eps=eps, swiglu=True)
+    act = gemv(rms_norm(h, ffn_norm, eps), w13, swiglu=True)
     return gemv(act, w2, residual=h)
