@@ -74,7 +74,7 @@ def gemv_table(model, bandwidth):
         nbytes = w.numel() * w.element_size()
         print(f"  {name:5} {tuple(w.shape)!s:14} triton {t_tri:6.1f} us {nbytes / t_tri / 1e3:5.0f} GB/s"
               f"  cuBLAS {t_cub:6.1f} us {nbytes / t_cub / 1e3:5.0f} GB/s  ceiling {nbytes / bandwidth / 1e3:5.1f} us"
-              f"  [BLOCK_N, BLOCK_K, warps, stages = {tile}]")
+              f"  [BLOCK_N, BLOCK_K, warps, stages, split-K = {tile}]")
 
 
 def main():

@@ -142,3 +142,22 @@ def test_backend_choice():
         wrap_backend(gpt2, "g", "native")
     with pytest.raises(ModelLoadError, match="unknown backend"):
         load_model("default", backend="fast")
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+@pytest.mark.parametrize("shape", [(96, 32), (32, 96)])
+@pytest.mark.parametrize("single_row", ["layout", "packed"])
+def test_cpu_matrix_computes_linear_in_every_layout(shape, single_row):
+    from specdec.models.llama_net import CpuMatrix, linear
+
+    gen = torch.Generator().manual_seed(0)
+    w, b = torch.randn(shape, generator=gen), torch.randn(shape[0], generator=gen)
+    m = CpuMatrix(w, single_row=single_row)
+    # wide outputs read a transposed copy for one row; narrow ones keep [out, in]; 'packed' neither
+    assert m.transposed == (single_row == "layout" and shape[0] >= shape[1])
+    for rows in (1, 4):
+        x = torch.randn(rows, shape[1], generator=gen)
+        torch.testing.assert_close(linear(x, m), torch.nn.functional.linear(x, w), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(linear(x, m, b), torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="single_row"):
+        CpuMatrix(w, single_row="fast")

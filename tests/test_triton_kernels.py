@@ -32,6 +32,25 @@ def test_gemv_prologue_and_epilogues_match_torch(rows):
     torch.testing.assert_close(triton_ops.gemv(x, w, swiglu=True), torch.nn.functional.silu(gate) * up, **close)
 
 
+@pytest.mark.parametrize("split", [2, 3])
+def test_split_k_gemv_matches_torch_and_resets_its_counters(split, monkeypatch):
+    """Split-K: the last program of a tile adds the partials. Every epilogue, K not a multiple of
+    the slices, 17 rows (two row blocks), each row also computed alone; the tile counters are back
+    at zero for the next GEMV. (Bit-for-bit row invariance is checked on a GPU by `specdec bench
+    gpu`: the interpreter's numpy products are not row-invariant even without split-K.)"""
+    x, w, bias, res = randn(17, 100), randn(40, 100), randn(40), randn(17, 40)
+    monkeypatch.setattr(triton_ops, "_chosen_tiles", {})
+    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", (16, 32, 4, 1, split))
+    close = dict(atol=1e-4, rtol=1e-4)
+    both = triton_ops.gemv(x, w, bias=bias, residual=res)
+    torch.testing.assert_close(both, res + x @ w.T + bias, **close)
+    gate, up = (x @ w.T).chunk(2, dim=-1)
+    torch.testing.assert_close(triton_ops.gemv(x, w, swiglu=True), torch.nn.functional.silu(gate) * up, **close)
+    alone = torch.cat([triton_ops.gemv(x[i:i + 1], w, bias=bias, residual=res[i:i + 1]) for i in range(17)])
+    torch.testing.assert_close(alone, both, **close)
+    assert not triton_ops._tile_counters(x.device).any()
+
+
 def test_rope_cache_and_attention_match_torch():
     n_heads, n_kv, hd, slots, n = 4, 2, 16, 320, 5
     pos = torch.arange(254, 254 + n)  # across a chunk boundary of the split attention (256)

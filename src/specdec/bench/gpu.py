@@ -186,36 +186,52 @@ def row_invariance(model, prompt, rows: int = 9) -> dict:
             "max_abs_diff": float((together - apart).abs().max())}
 
 
+# (label, kernels, PDL mode or None for the default): the step variants timed side by side
+KERNEL_VARIANTS = (("torch", "torch", None), ("triton", "triton", None),
+                   ("triton pdl-off", "triton", "off"))
+
+
 def section_kernels(target, draft, prompt, bandwidth_gbs: float, smoke: bool) -> dict:
-    """The same nets through the torch-compiled layer (SDPA) and the fused Triton kernels, side by
-    side: step times at 1 and 9 rows, fraction of the copy ceiling, row invariance, and how far
-    the logits are from the eager (uncompiled) torch forward."""
+    """The same nets through the torch-compiled layer (SDPA) and the fused Triton kernels (launched
+    with the default PDL mode, and without PDL), side by side:
+    step times at 1 and 9 rows, fraction of the copy ceiling, row invariance, how far the logits
+    are from the eager (uncompiled) torch forward, and whether the launch mode changes any bit."""
+    import contextlib
+
     import torch
 
+    from specdec.models import triton_ops
     from specdec.models.native_llama import NativeLlama
 
     reps = 5 if smoke else 30
-    out = {}
+    out = {"pdl_default": triton_ops.pdl_mode(target.device)}
     for label, model in (("target", target), ("draft", draft)):
         eager = NativeLlama(model.net, "eager", model.max_length, cuda_graphs=False)
         reference = eager.prefill(prompt)[-4:]
         eager.rollback(0)
         nbytes = bytes_per_token(model, len(prompt))
         out[label] = {}
-        for kernels in ("torch", "triton"):
-            m = NativeLlama(model.net, f"{model.name} {kernels}", model.max_length, kernels=kernels)
-            one, nine = step_ms(m, prompt, 1, reps), step_ms(m, prompt, 9, reps)
-            m.rollback(0)
-            m.prefill(prompt[:-4])
-            got = torch.cat([m.forward(prompt[i:i + 1]) for i in range(len(prompt) - 4, len(prompt))])
-            m.rollback(0)
-            out[label][kernels] = {
+        logits = {}
+        for name, kernels, pdl in KERNEL_VARIANTS:
+            launch = triton_ops.programmatic_launch(pdl) if pdl else contextlib.nullcontext()
+            with launch:  # graphs are captured (lazily) inside: the mode is baked into them
+                m = NativeLlama(model.net, f"{model.name} {name}", model.max_length, kernels=kernels)
+                one, nine = step_ms(m, prompt, 1, reps), step_ms(m, prompt, 9, reps)
+                m.rollback(0)
+                m.prefill(prompt[:-4])
+                got = torch.cat([m.forward(prompt[i:i + 1]) for i in range(len(prompt) - 4, len(prompt))])
+                m.rollback(0)
+                rows = row_invariance(m, prompt)
+            logits[name] = got
+            out[label][name] = {
                 "step_ms_1": one, "step_ms_9": nine, "ratio_9": nine / one,
                 "fraction_of_ceiling": nbytes / one / 1e6 / bandwidth_gbs,
                 "rel_err_vs_eager": float((got - reference).norm() / reference.norm()),
-                "row_invariance": row_invariance(m, prompt)}
-    for kernels in ("torch", "triton"):
-        out[f"c_{kernels}"] = out["draft"][kernels]["step_ms_1"] / out["target"][kernels]["step_ms_1"]
+                "row_invariance": rows,
+                "bitwise_equal_to_default_triton": bool(torch.equal(got, logits["triton"])) if kernels == "triton" else None}
+            del m
+    for name, _, _ in KERNEL_VARIANTS:
+        out[f"c_{name}"] = out["draft"][name]["step_ms_1"] / out["target"][name]["step_ms_1"]
     return out
 
 
@@ -450,12 +466,15 @@ def print_table(res: dict) -> None:
     kern = res["kernels"]
     for label in ("target", "draft"):
         row = kern[label]
-        lines.append(f"{label} step(1) torch {row['torch']['step_ms_1']:.3f} ms ({row['torch']['fraction_of_ceiling']:.0%})"
-                     f"  triton {row['triton']['step_ms_1']:.3f} ms ({row['triton']['fraction_of_ceiling']:.0%});"
-                     f" step(9)/step(1) {row['torch']['ratio_9']:.3f} / {row['triton']['ratio_9']:.3f};"
-                     f" rows bitwise = single steps: {row['torch']['row_invariance']['bitwise_equal']}"
-                     f" / {row['triton']['row_invariance']['bitwise_equal']}")
-    lines.append(f"c torch {kern['c_torch']:.3f}  triton {kern['c_triton']:.3f}")
+        cells = [f"{name} {row[name]['step_ms_1']:.3f} ms ({row[name]['fraction_of_ceiling']:.0%})"
+                 for name, _, _ in KERNEL_VARIANTS]
+        lines.append(f"{label} step(1): " + "  ".join(cells))
+        lines.append(f"  step(9)/step(1) torch {row['torch']['ratio_9']:.3f} triton {row['triton']['ratio_9']:.3f};"
+                     f" rows bitwise = single steps: torch {row['torch']['row_invariance']['bitwise_equal']}"
+                     f" triton {row['triton']['row_invariance']['bitwise_equal']}; PDL modes bitwise equal: "
+                     f"{all(row[n]['bitwise_equal_to_default_triton'] for n, k, _ in KERNEL_VARIANTS if k == 'triton')}")
+    lines.append(f"c (default PDL {kern['pdl_default']}): " + "  ".join(
+        f"{name} {kern['c_' + name]:.3f}" for name, _, _ in KERNEL_VARIANTS))
     for mode in ("triton", "torch", "torch exact+matmul-attn"):
         m = ident[mode]
         lines.append(f"greedy identity ({mode:23}): {m['identity_rate']:.0%} of {ident['prompts']} prompts, "
@@ -480,6 +499,9 @@ def run_cpu(args) -> int:
     loaded = load_model("default", device="cpu", backend="hf")
     hf = loaded.model.model
     native = NativeLlama.from_hf(hf, loaded.name, max_length=1024)
+    # the single-row layout before CpuMatrix: every step through the oneDNN-prepacked matrices
+    before = NativeLlama.from_hf(hf, loaded.name + " prepacked", max_length=1024, pack=False)
+    before.net.pack_for_cpu(single_row="packed")
     bf16_net = build_net(native.arch, native.net.slots, native.device, torch.bfloat16)
     load_hf_state(bf16_net, hf.state_dict())  # copy_ rounds the fp32 weights; hf stays fp32
     native_bf16 = NativeLlama(bf16_net, loaded.name + " bf16", max_length=1024)
@@ -492,11 +514,19 @@ def run_cpu(args) -> int:
     config = GenerationConfig(max_new_tokens=n, k=1, ignore_eos=True)
     ids = torch.tensor([prompt])
     engine_bf16 = Engine(native_bf16, NoDrafter(native.device))
-    native_tps, hf_tps, bf16_tps, same = [], [], [], True
+    engine_before = Engine(before, NoDrafter(native.device))
+    native_tps, hf_tps, bf16_tps, before_tps, same = [], [], [], [], True
     with torch.inference_mode():
-        for _ in range(1 if args.smoke else 3):
+        if not args.smoke:  # first calls allocate and warm caches: untimed
+            for e in (engine, engine_before, engine_bf16):
+                e.generate(prompt, GenerationConfig(max_new_tokens=4, k=1, ignore_eos=True))
+            hf.generate(ids, max_new_tokens=4, do_sample=False)
+        for _ in range(1 if args.smoke else 5):
             gen = engine.generate(prompt, config)
             native_tps.append(gen.stats.tokens_per_second)
+            prepacked = engine_before.generate(prompt, config)
+            before_tps.append(prepacked.stats.tokens_per_second)
+            same = same and prepacked.token_ids == gen.token_ids
             bf16_tps.append(engine_bf16.generate(prompt, config).stats.tokens_per_second)
             t0 = time.perf_counter()
             hf.generate(ids, max_new_tokens=1, do_sample=False)
@@ -511,7 +541,8 @@ def run_cpu(args) -> int:
            "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
            "native_tokens_per_s": native_tps, "hf_generate_tokens_per_s": hf_tps,
            "ratio_median": statistics.median(a / b for a, b in zip(native_tps, hf_tps)), "same_tokens": same,
-           "native_bf16_tokens_per_s": bf16_tps,
+           "native_bf16_tokens_per_s": bf16_tps, "native_prepacked_single_row_tokens_per_s": before_tps,
+           "layout_gain_median": statistics.median(a / b for a, b in zip(native_tps, before_tps)),
            "bf16_ratio_median": statistics.median(a / b for a, b in zip(bf16_tps, hf_tps)),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     out_path = Path(args.out_dir) / "gpu-cpu.json"
@@ -520,6 +551,8 @@ def run_cpu(args) -> int:
     print(f"CPU ({res['machine']}, {res['threads']} threads, load average {res['load_average'][0]:.1f}), "
           f"{loaded.name}, {n} new tokens, greedy, A/B alternating:")
     print(f"  native path (engine, no draft): {statistics.median(native_tps):6.1f} tok/s  {native_tps}")
+    print(f"  native, every step prepacked:   {statistics.median(before_tps):6.1f} tok/s  {before_tps}"
+          f"  (the single-row layout before; layout gain {res['layout_gain_median']:.2f}x)")
     print(f"  transformers generate():        {statistics.median(hf_tps):6.1f} tok/s  {hf_tps}")
     print(f"  ratio native / generate:        {res['ratio_median']:6.2f}x   same tokens: {same}")
     print(f"  native path in bf16 weights:    {statistics.median(bf16_tps):6.1f} tok/s  {bf16_tps}"

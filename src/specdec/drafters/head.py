@@ -28,7 +28,7 @@ from torch import nn
 
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.errors import ModelLoadError
-from specdec.models.llama_net import can_pack, linear, pack_weight
+from specdec.models.llama_net import CpuMatrix, can_pack, linear
 from specdec.sampling import SamplingParams, sample, warp_logits
 
 
@@ -210,11 +210,9 @@ class HeadDrafter(Drafter):
         self.min_confidence = min_confidence
         self.device = parts.embed.device
         self.lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D] runtime copy of the drafted rows
-        # On a CPU the drafted rows are prepacked for oneDNN: side by side on the 2-core test machine
-        # (6 Spec-Bench prompts, K=2, same drafts) a drafted token took 6.6 ms against 8.1 ms with
-        # lm_sub @ h, decoding 5% faster. Packing the head's own small matrices measured no faster.
+        # On a CPU the drafted rows are held transposed, the faster single-row layout (CpuMatrix).
         if self.device.type == "cpu" and can_pack():
-            self.lm_sub = pack_weight(self.lm_sub, 1)
+            self.lm_sub = CpuMatrix(self.lm_sub, multi_rows=0)
         shape = (1, c.num_kv_heads, max_length, c.head_dim)
         self._k = torch.zeros(shape, device=self.device)
         self._v = torch.zeros(shape, device=self.device)

@@ -34,10 +34,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.T + b, where w is a plain weight [out, in] or one prepacked by pack_weight."""
-    if w.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T + b, where w is a plain weight [out, in] or a CpuMatrix."""
+    if isinstance(w, CpuMatrix):
+        return w(x, b)
     return F.linear(x, w, b)
 
 
@@ -48,6 +48,40 @@ def can_pack() -> bool:
 def pack_weight(w: torch.Tensor, rows: int = 5) -> torch.Tensor:
     """A CPU fp32 weight [out, in] reordered once into oneDNN's blocked layout, tuned for `rows` rows."""
     return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
+
+
+class CpuMatrix:
+    """An fp32 weight [out, in] on a CPU, held in the layout each row count reads fastest.
+
+    One row (every decode step): transposed, [in, out], when the output is at least as wide as the
+    input: x @ w_t is a broadcast multiply-add into the whole output row, where F.linear on [out, in]
+    makes one short dot product (and a horizontal sum) per output. Streaming the layer matrices from
+    memory on the 2-core test machine (GB/s; docs/gpu.md): LM head 49152x576 19.8 against 9.9,
+    gate/up 3072x576 17.4 against 10.3, q/k/v 960x576 13.2 against 9.6; the down projection
+    576x1536 reads faster as it is (15.6 against 12.0), so narrower outputs keep [out, in].
+    Several rows (a verify pass): prepacked for oneDNN (`multi_rows`), since PyTorch's GEMM
+    repacks the weight on every call and a 5-row x @ w_t read only 3-10 GB/s.
+    Holding both layouts doubles the weight memory of the native CPU path; single_row="packed"
+    keeps only the prepacked one (the layout before, for side-by-side timing)."""
+
+    SINGLE_ROW = ("layout", "packed")
+
+    def __init__(self, w: torch.Tensor, multi_rows: int = 5, single_row: str = "layout"):
+        if single_row not in self.SINGLE_ROW:
+            raise ValueError(f"single_row must be one of {self.SINGLE_ROW}, not {single_row!r}")
+        w = w.detach()
+        self.shape = tuple(w.shape)
+        self.packed = pack_weight(w, multi_rows) if multi_rows else None
+        self.single_packed = single_row == "packed" and self.packed is not None
+        self.transposed = w.shape[0] >= w.shape[1] and not self.single_packed
+        self.one_row = None if self.single_packed else w.t().contiguous() if self.transposed else w
+
+    def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        if (x.shape[0] > 1 or self.single_packed) and self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, b, "none", [], "")
+        if not self.transposed:
+            return F.linear(x, self.one_row, b)
+        return x @ self.one_row if b is None else torch.addmm(b, x, self.one_row)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -114,7 +148,7 @@ class Block(nn.Module):
         self.w2 = nn.Linear(arch.intermediate, d, bias=False)
         self.register_buffer("k_cache", torch.empty(arch.n_kv_heads, slots, hd), persistent=False)
         self.register_buffer("v_cache", torch.empty(arch.n_kv_heads, slots, hd), persistent=False)
-        self.packed: dict[str, torch.Tensor] = {}  # CPU only: prepacked matrices by name (see pack_for_cpu)
+        self.packed: dict[str, CpuMatrix] = {}  # CPU only: the matrices by name (see pack_for_cpu)
 
     def weights(self) -> tuple:
         w = {name: self.packed.get(name, getattr(self, name).weight) for name in ("wqkv", "wo", "w13", "w2")}
@@ -136,7 +170,7 @@ class LlamaNet(nn.Module):
         self.register_buffer("slot_ids", torch.empty(slots, dtype=torch.long), persistent=False)
         self.register_buffer("cos", torch.empty(slots, arch.head_dim), persistent=False)  # [S, hd]
         self.register_buffer("sin", torch.empty(slots, arch.head_dim), persistent=False)
-        self._packed_lm: torch.Tensor | None = None  # the LM head prepacked by pack_for_cpu
+        self._packed_lm: CpuMatrix | None = None  # the LM head, by pack_for_cpu
         self.layer_fn = layer_step  # replaced by a compiled version for CUDA graphs
         # True: fixed-shape steps attend with plain matmuls, 10-15% faster per step on an H200 than
         # SDPA with a mask (benchmarks/gpu_variants.py), but the matmul kernels change with the
@@ -162,14 +196,15 @@ class LlamaNet(nn.Module):
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     @torch.no_grad()
-    def pack_for_cpu(self) -> None:
-        """Prepack every matrix for oneDNN (fp32 on a CPU). The plain layer matrices are then
-        dropped (no second copy); the embedding stays plain for lookups and the head drafter."""
+    def pack_for_cpu(self, single_row: str = "layout") -> None:
+        """Hold every matrix as a CpuMatrix (fp32 on a CPU: a single-row layout and a oneDNN-prepacked
+        one). The layer parameters are then emptied (the CpuMatrix holds what is needed); the embedding
+        stays plain for lookups and the head drafter."""
         for block in self.layers:
             for name in ("wqkv", "wo", "w13", "w2"):
-                block.packed[name] = pack_weight(getattr(block, name).weight)
+                block.packed[name] = CpuMatrix(getattr(block, name).weight, single_row=single_row)
                 getattr(block, name).weight = nn.Parameter(torch.empty(0), requires_grad=False)
-        self._packed_lm = pack_weight(self.lm_weight())
+        self._packed_lm = CpuMatrix(self.lm_weight(), single_row=single_row)
 
     def _run(self, tokens, pos, mask, kv_len, layer_fn, math_attention, norm_fn=rms_norm,
              lm_fn=linear) -> tuple[torch.Tensor, torch.Tensor]:

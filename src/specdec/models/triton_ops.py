@@ -23,6 +23,10 @@ bench gpu`), and greedy speculative output equals plain greedy output in bf16 to
 rows. The attention runs to the last row's position; blocks and chunks that a row may not see
 are fully masked and change nothing (their weight is exactly 0, the others' exactly 1).
 
+Launches: on Hopper and later every kernel is launched with programmatic dependent launch (PDL):
+it is scheduled while the previous kernel finishes and waits on the GPU for its inputs, which in
+a CUDA graph removes most of the gap between kernels (an H200 1B-shape step 4% faster, 8B 1%).
+
 The elementwise epilogues round where torch rounds (bf16 after the matmul, after silu, after the
 residual add), as does the norm, so results stay within bf16 noise of the torch path. Runs on the CPU through
 Triton's interpreter (TRITON_INTERPRET=1, fp32/fp16 only) for the tests.
@@ -30,6 +34,7 @@ Triton's interpreter (TRITON_INTERPRET=1, fp32/fp16 only) for the tests.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -40,46 +45,37 @@ import triton.language as tl
 ROWS = 16  # token rows per program: the smallest tensor-core tile, fixed so numerics never depend on n
 
 
-# (BLOCK_N, BLOCK_K, warps, stages): the tiles the tuner tries for each matrix shape.
-TILES = [(16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 4, 4), (32, 128, 4, 5), (64, 128, 4, 4),
-         (64, 256, 8, 3), (16, 128, 4, 6), (128, 128, 8, 3), (32, 512, 8, 3), (64, 128, 8, 5)]
-INTERPRETER_TILE = (16, 32, 4, 1)  # Triton's interpreter (the CPU tests) cannot time: one fixed tile
+# (BLOCK_N, BLOCK_K, warps, stages, split-K): the tiles the tuner tries for each matrix shape.
+TILES = [(16, 256, 4, 4, 1), (16, 512, 4, 3, 1), (32, 256, 4, 4, 1), (32, 128, 4, 5, 1), (64, 128, 4, 4, 1),
+         (64, 256, 8, 3, 1), (16, 128, 4, 6, 1), (128, 128, 8, 3, 1), (32, 512, 8, 3, 1), (64, 128, 8, 5, 1),
+         (16, 256, 4, 4, 2), (16, 256, 4, 4, 4), (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (16, 512, 4, 3, 2),
+         (16, 512, 4, 3, 4), (32, 128, 4, 5, 2), (64, 128, 4, 4, 2)]
+INTERPRETER_TILE = (16, 32, 4, 1, 1)  # Triton's interpreter (the CPU tests) cannot time: one fixed tile
+MAX_TILES = 1 << 15  # split-K tile counters per device (zeroed once, reset by the kernels)
 
 
-@triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K,
-                 HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr,
-                 PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr):
-    """y[m, n] = epilogue(sum_k x[m, k] * w[n, k]); with SWIGLU, w has 2N rows (gate, up).
+def _wait_for_inputs(PDL: tl.constexpr):
+    """Programmatic dependent launch (Hopper on): this kernel may have been scheduled while the
+    previous one was finishing; wait until that one has completed and its writes are visible.
+    Nothing before this call may touch what earlier kernels write."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
 
-    Nothing but loads and tensor-core products in the loop: RMSNorm stays a kernel of its own.
-    Measured on an H200 (docs/gpu.md), a norm in this kernel cost more than its launch saves: a
-    first pass over x ~8 us per matrix (serial before the first weight load), and the norm folded
-    into the loop (rstd applied to the accumulator at the end) slowed the weight stream itself."""
-    dtype = x_ptr.dtype.element_ty
-    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    row_ok = rm < M
-    col_ok = rn < N
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        if EVEN_K:
-            x_mask = row_ok[:, None]
-            w_mask = col_ok[:, None]
-        else:
-            x_mask = row_ok[:, None] & (kk < K)[None, :]
-            w_mask = col_ok[:, None] & (kk < K)[None, :]
-        x = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=x_mask, other=0.0)
-        w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
-        acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
-        if SWIGLU:
-            w_up = tl.load(w_ptr + (rn + N)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
-            acc_up += tl.dot(x, tl.trans(w_up), input_precision=PRECISION)
+
+@triton.jit
+def _let_next_start(PDL: tl.constexpr):
+    """Let the next kernel be scheduled now (it waits in _wait_for_inputs), so that its launch
+    overlaps this kernel's tail. Called after a GEMV's weight loop, not at its start: the next
+    kernel's programs would otherwise sit on the SMs for the whole GEMV (measured 16-18% slower)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _gemv_epilogue(acc, acc_up, b_ptr, r_ptr, y_ptr, rm, rn, row_ok, col_ok, N,
+                   HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr):
+    dtype = y_ptr.dtype.element_ty
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     out = acc.to(dtype)
@@ -95,8 +91,124 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, M, N, K,
     tl.store(y_ptr + ptrs, out, mask=mask)
 
 
+@triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, part_ptr, count_ptr, M, N, K, k_per_split,
+                 HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr,
+                 PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = 0):
+    """y[m, n] = epilogue(sum_k x[m, k] * w[n, k]); with SWIGLU, w has 2N rows (gate, up).
+
+    SPLIT > 1 (split-K, for matrices too small to keep every SM streaming): program (n, m, s) sums
+    the s-th slice of K into an fp32 partial; the program that finishes its tile last (an atomic
+    count) adds the SPLIT partials in the fixed order 0..SPLIT-1 and runs the epilogue, so the
+    result is deterministic and a row's arithmetic still does not depend on the row count.
+
+    Nothing but loads and tensor-core products in the loop: RMSNorm stays a kernel of its own.
+    Measured on an H200 (docs/gpu.md), a norm in this kernel cost more than its launch saves: a
+    first pass over x ~8 us per matrix (serial before the first weight load), and the norm folded
+    into the loop (rstd applied to the accumulator at the end) slowed the weight stream itself."""
+    pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    row_ok = rm < M
+    col_ok = rn < N
+    _wait_for_inputs(PDL)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_first = split * k_per_split
+    for k0 in range(k_first, tl.minimum(k_first + k_per_split, K), BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            x_mask = row_ok[:, None]
+            w_mask = col_ok[:, None]
+        else:
+            x_mask = row_ok[:, None] & (kk < K)[None, :]
+            w_mask = col_ok[:, None] & (kk < K)[None, :]
+        x = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=x_mask, other=0.0)
+        w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+        acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
+        if SWIGLU:
+            w_up = tl.load(w_ptr + (rn + N)[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
+            acc_up += tl.dot(x, tl.trans(w_up), input_precision=PRECISION)
+    _let_next_start(PDL)
+    if SPLIT == 1:
+        _gemv_epilogue(acc, acc_up, b_ptr, r_ptr, y_ptr, rm, rn, row_ok, col_ok, N, HAS_BIAS, RESIDUAL, SWIGLU)
+    else:
+        rows = tl.num_programs(1) * BLOCK_M
+        parts: tl.constexpr = 2 if SWIGLU else 1
+        cell = rm[:, None] * N + rn[None, :]  # partials: [SPLIT, parts, rows, N] fp32
+        tl.store(part_ptr + (split * parts * rows) * N + cell, acc, mask=col_ok[None, :])
+        if SWIGLU:
+            tl.store(part_ptr + ((split * parts + 1) * rows) * N + cell, acc_up, mask=col_ok[None, :])
+        tl.debug_barrier()  # every thread's partial is written before the count says so
+        tile = pid_n * tl.num_programs(1) + pid_m
+        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:  # the last of the tile
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            total_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT):
+                total += tl.load(part_ptr + (s * parts * rows) * N + cell, mask=col_ok[None, :], other=0.0,
+                                 cache_modifier=".cg")
+                if SWIGLU:
+                    total_up += tl.load(part_ptr + ((s * parts + 1) * rows) * N + cell, mask=col_ok[None, :],
+                                        other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + tile, 0)  # ready for the next GEMV (kernels run one after another)
+            _gemv_epilogue(total, total_up, b_ptr, r_ptr, y_ptr, rm, rn, row_ok, col_ok, N,
+                           HAS_BIAS, RESIDUAL, SWIGLU)
+
+
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+PDL_MODES = {"off": 0, "on": 1}
+_pdl_override: list[str] = []
+
+
+@contextlib.contextmanager
+def programmatic_launch(mode: str):
+    """Launch (and capture) kernels in this block with programmatic dependent launch 'on' or 'off'
+    instead of the default (for side-by-side timing)."""
+    if mode not in PDL_MODES:
+        raise ValueError(f"PDL mode must be one of {sorted(PDL_MODES)}, not {mode!r}")
+    _pdl_override.append(mode)
+    try:
+        yield
+    finally:
+        _pdl_override.pop()
+
+
+def pdl_mode(device: torch.device) -> str:
+    """'on': programmatic dependent launch (each kernel is scheduled during the previous one's tail
+    and waits on the GPU for its inputs; inside a CUDA graph this saves the gap between kernels),
+    on Hopper and later; 'off' elsewhere, in the interpreter, or with SPECDEC_PDL=off. Measured
+    side by side by `specdec bench gpu` and benchmarks/gpu_pdl.py (docs/gpu.md)."""
+    if _pdl_override:
+        return _pdl_override[-1]
+    wanted = os.environ.get("SPECDEC_PDL", "on")
+    if wanted not in PDL_MODES:
+        raise ValueError(f"SPECDEC_PDL must be one of {sorted(PDL_MODES)}, not {wanted!r}")
+    if (_INTERPRETED or device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9
+            or not hasattr(tl.extra.cuda, "gdc_wait")):
+        return "off"
+    return wanted
+
+
+def _launch_options(device: torch.device) -> dict:
+    level = PDL_MODES[pdl_mode(device)]
+    return {"PDL": level, "launch_pdl": True} if level else {"PDL": 0}
+
+
 _chosen_tiles: dict[tuple, tuple] = {}  # (N, K, flags, dtype, device) -> the tile the tuner picked
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device) -> torch.Tensor:
+    """Zeros, made once per device (outside any graph capture: the warm-up runs come first); each
+    split-K tile counts its finished slices here and its last program sets it back to 0."""
+    if device not in _counters:
+        _counters[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+    return _counters[device]
 
 
 def _precision(x: torch.Tensor) -> str:
@@ -117,10 +229,18 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     def launch(weight, tile):
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         b, res = (y if a is None else a for a in args)  # unused operands: any pointer (never read)
-        block_n, block_k, warps, stages = tile
-        _gemv_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, ROWS))](
-            x, weight, b, res, y, m, n, k, **flags, PRECISION=_precision(x), BLOCK_M=ROWS,
-            BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+        block_n, block_k, warps, stages, split = tile
+        grid = (triton.cdiv(n, block_n), triton.cdiv(m, ROWS), split)
+        k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+        parts = y
+        if split > 1:
+            parts = torch.empty(split, 2 if swiglu else 1, grid[1] * ROWS, n, dtype=torch.float32, device=x.device)
+            if grid[0] * grid[1] > MAX_TILES:
+                raise ValueError(f"split-K GEMV of {grid[0] * grid[1]} tiles: more than MAX_TILES")
+        _gemv_kernel[grid](
+            x, weight, b, res, y, parts, _tile_counters(x.device), m, n, k, k_per_split, **flags,
+            PRECISION=_precision(x), BLOCK_M=ROWS, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
+            num_warps=warps, num_stages=stages, **_launch_options(x.device))
         return y
 
     key = (n, k, tuple(flags.values()), x.dtype, x.device)
@@ -163,9 +283,11 @@ def _tune(launch, w: torch.Tensor) -> tuple:
 
 @triton.jit
 def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v_cache_ptr, S,
-                       H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr):
+                       H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, PDL: tl.constexpr = 0):
     """Program (m, head) for head in [0, H + 2 HKV): q heads rotated into q, k heads rotated into the
     cache, v heads copied into the cache, at slot pos[m]. cos/sin: [n, HD] (halves repeated)."""
+    _wait_for_inputs(PDL)
+    _let_next_start(PDL)  # short kernel: the next one may get ready now
     m = tl.program_id(0)
     head = tl.program_id(1)
     dtype = qkv_ptr.dtype.element_ty
@@ -201,7 +323,7 @@ def rope_and_cache(qkv, cos, sin, pos, k_cache, v_cache, n_heads: int, n_kv_head
     q = torch.empty(n, n_heads * hd, dtype=qkv.dtype, device=qkv.device)
     _rope_cache_kernel[(n, n_heads + 2 * n_kv_heads)](
         qkv.contiguous(), cos.contiguous(), sin.contiguous(), pos, q, k_cache, v_cache, k_cache.shape[1],
-        H=n_heads, HKV=n_kv_heads, HD=hd)
+        H=n_heads, HKV=n_kv_heads, HD=hd, **_launch_options(qkv.device))
     return q
 
 
@@ -211,11 +333,14 @@ CHUNK = 128  # cache slots per attention program (split-KV): a 512-token context
 @triton.jit
 def _attention_chunk_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr, M, S, R, scale_log2,
                             H: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, PRECISION: tl.constexpr,
-                            BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr):
+                            BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
+                            PDL: tl.constexpr = 0):
     """Program (kv head, chunk of CHUNK_S slots, row block): the unnormalised softmax(q k^T) v of
     its rows over its chunk, with their running max and sum, for the combine kernel. Rows are
     (token m, query head g of this KV head): r = m * G + g; a row sees the slots <= its position.
     Chunks past the last token's position do nothing (the combine kernel stops before them)."""
+    _wait_for_inputs(PDL)
+    _let_next_start(PDL)  # short kernel: the next one may get ready now
     kvh = tl.program_id(0)
     chunk = tl.program_id(1)
     r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -256,9 +381,11 @@ def _attention_chunk_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr, M, S,
 @triton.jit
 def _attention_combine_kernel(acc_ptr, ml_ptr, pos_ptr, out_ptr, M, R, n_chunks,
                               H: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
-                              BLOCK_R: tl.constexpr, CHUNK_S: tl.constexpr):
+                              BLOCK_R: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr = 0):
     """Program (kv head, row block): merge the chunks in order (a chunk a row cannot see adds
     exactly nothing), normalise, write [n, H * hd]."""
+    _wait_for_inputs(PDL)
+    _let_next_start(PDL)  # short kernel: the next one may get ready now
     kvh = tl.program_id(0)
     r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     m = r // G
@@ -299,16 +426,18 @@ def attention(q, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int) -> torch.
     _attention_chunk_kernel[(n_kv_heads, n_chunks, row_blocks)](
         q, k_cache, v_cache, pos, partial, max_sum, n, slots, rows, math.log2(math.e) / math.sqrt(hd),
         H=n_heads, G=group, HD=hd, PRECISION=_precision(q), BLOCK_R=ROWS, BLOCK_S=64, CHUNK_S=CHUNK,
-        num_warps=4)
+        num_warps=4, **_launch_options(q.device))
     out = torch.empty_like(q)
     _attention_combine_kernel[(n_kv_heads, row_blocks)](
         partial, max_sum, pos, out, n, rows, n_chunks, H=n_heads, G=group, HD=hd, BLOCK_R=ROWS, CHUNK_S=CHUNK,
-        num_warps=4)
+        num_warps=4, **_launch_options(q.device))
     return out
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    _wait_for_inputs(PDL)
+    _let_next_start(PDL)  # short kernel: the next one may get ready now
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     ok = d < D
@@ -323,7 +452,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """llama_net.rms_norm in one kernel (a row per program)."""
     x = x.contiguous()
     y = torch.empty_like(x)
-    _rms_norm_kernel[(x.shape[0],)](x, weight, y, x.shape[1], eps, BLOCK=triton.next_power_of_2(x.shape[1]))
+    _rms_norm_kernel[(x.shape[0],)](x, weight, y, x.shape[1], eps, BLOCK=triton.next_power_of_2(x.shape[1]),
+                                    **_launch_options(x.device))
     return y
 
 
