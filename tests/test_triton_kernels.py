@@ -107,3 +107,15 @@ def test_kernel_choice_is_checked(monkeypatch):
     with pytest.raises(ValueError, match="run on CUDA"):
         NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=True, kernels="triton")
     assert not NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=True).fused_kernels  # auto on a CPU
+
+
+def test_programmatic_launch_only_where_supported(monkeypatch):
+    cpu = torch.device("cpu")
+    with triton_ops.programmatic_launch("on"):  # asked for, but no Hopper GPU here: plain launches
+        assert triton_ops.pdl_mode(cpu) == "off"
+    with pytest.raises(ValueError, match="PDL mode"):
+        with triton_ops.programmatic_launch("sometimes"):
+            pass
+    monkeypatch.setenv("SPECDEC_PDL", "maybe")
+    with pytest.raises(ValueError, match="SPECDEC_PDL"):
+        triton_ops.pdl_mode(cpu)

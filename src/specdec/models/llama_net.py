@@ -9,11 +9,11 @@ are overwritten later.
 q, k and v are one fused matmul, and gate and up another: fewer, larger kernels (one launch
 instead of three on a GPU; one pass over x on a CPU).
 
-On a CPU the matrices can be prepacked for oneDNN (`LlamaNet.pack_for_cpu`). PyTorch's default
-CPU matmul repacks the weight on every call once there is more than one row, so a 5-token verify
-pass cost about twice a 1-token step on the 2-core test machine; with prepacked weights it costs
-about 1.3x, and at torch's 2 threads a single token is faster too (at 1 thread ~20% slower; docs/gpu.md,
-"Prepacked weights make a verify pass cheap on a CPU").
+On a CPU each matrix is held as a CpuMatrix (`LlamaNet.pack_for_cpu`): prepacked for oneDNN for
+passes of several rows (PyTorch's default CPU matmul repacks the weight on every call once there is
+more than one row, so a 5-token verify pass cost about twice a 1-token step on the 2-core test
+machine; prepacked, about 1.3x: docs/gpu.md, "Prepacked weights make a verify pass cheap on a CPU"),
+and for single-token steps in whichever plain layout a one-row product reads faster.
 """
 
 from __future__ import annotations

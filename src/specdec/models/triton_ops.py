@@ -51,7 +51,9 @@ TILES = [(16, 256, 4, 4, 1), (16, 512, 4, 3, 1), (32, 256, 4, 4, 1), (32, 128, 4
          (16, 256, 4, 4, 2), (16, 256, 4, 4, 4), (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (16, 512, 4, 3, 2),
          (16, 512, 4, 3, 4), (32, 128, 4, 5, 2), (64, 128, 4, 4, 2)]
 INTERPRETER_TILE = (16, 32, 4, 1, 1)  # Triton's interpreter (the CPU tests) cannot time: one fixed tile
-MAX_TILES = 1 << 15  # split-K tile counters per device (zeroed once, reset by the kernels)
+# Split-K tile counters per device, zeroed once and reset by the kernels: GEMVs on one device share
+# them, so they must run one after another (one stream, as the engine's steps do).
+MAX_TILES = 1 << 15
 
 
 @triton.jit
@@ -181,9 +183,7 @@ def pdl_mode(device: torch.device) -> str:
     and waits on the GPU for its inputs; inside a CUDA graph this saves the gap between kernels),
     on Hopper and later; 'off' elsewhere, in the interpreter, or with SPECDEC_PDL=off. Measured
     side by side by `specdec bench gpu` and benchmarks/gpu_pdl.py (docs/gpu.md)."""
-    if _pdl_override:
-        return _pdl_override[-1]
-    wanted = os.environ.get("SPECDEC_PDL", "on")
+    wanted = _pdl_override[-1] if _pdl_override else os.environ.get("SPECDEC_PDL", "on")
     if wanted not in PDL_MODES:
         raise ValueError(f"SPECDEC_PDL must be one of {sorted(PDL_MODES)}, not {wanted!r}")
     if (_INTERPRETED or device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9
