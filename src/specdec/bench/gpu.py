@@ -241,7 +241,8 @@ def section_verify_curve(target, draft, prompt, smoke: bool) -> dict:
     draft_step = step_ms(draft, prompt, 1, reps * 2)
     one = curve[1]
     return {"step_ms": curve, "ratio": {n: ms / one for n, ms in curve.items()},
-            "draft_step_ms": draft_step, "c": draft_step / one}
+            "draft_step_ms": draft_step, "c": draft_step / one,
+            "row_invariance_33": row_invariance(target, prompt, 33)}  # three 16-row blocks
 
 
 def engine_run(target, drafter, prompts, new_tokens: int, k: int):
@@ -446,7 +447,7 @@ def print_table(res: dict) -> None:
         f"({d['ms_per_token']:.2f} ms, {d['fraction_of_ceiling']:.0%} of ceiling; through the engine "
         f"{res['decode_through_engine_tps']:.1f} tok/s)",
         f"verify(8)/verify(1)             {v['ratio'][8]:8.3f}   (16: {v['ratio'][16]:.2f}, 32: {v['ratio'][32]:.2f},"
-        f" 64: {v['ratio'][64]:.2f})",
+        f" 64: {v['ratio'][64]:.2f}); 33 rows bitwise = single steps: {v['row_invariance_33']['bitwise_equal']}",
         f"c = draft step / target step    {v['c']:8.3f}   ({v['draft_step_ms']:.3f} / {v['step_ms'][1]:.3f} ms)",
     ]
     for alpha, a in o["alphas"].items():

@@ -110,7 +110,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, part_ptr, count_ptr, M, N, K
     Measured on an H200 (docs/gpu.md), a norm in this kernel cost more than its launch saves: a
     first pass over x ~8 us per matrix (serial before the first weight load), and the norm folded
     into the loop (rstd applied to the accumulator at the end) slowed the weight stream itself."""
-    pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_m, pid_n, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -138,14 +138,14 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, part_ptr, count_ptr, M, N, K
     if SPLIT == 1:
         _gemv_epilogue(acc, acc_up, b_ptr, r_ptr, y_ptr, rm, rn, row_ok, col_ok, N, HAS_BIAS, RESIDUAL, SWIGLU)
     else:
-        rows = tl.num_programs(1) * BLOCK_M
+        rows = tl.num_programs(0) * BLOCK_M
         parts: tl.constexpr = 2 if SWIGLU else 1
         cell = rm[:, None] * N + rn[None, :]  # partials: [SPLIT, parts, rows, N] fp32
         tl.store(part_ptr + (split * parts * rows) * N + cell, acc, mask=col_ok[None, :])
         if SWIGLU:
             tl.store(part_ptr + ((split * parts + 1) * rows) * N + cell, acc_up, mask=col_ok[None, :])
         tl.debug_barrier()  # every thread's partial is written before the count says so
-        tile = pid_n * tl.num_programs(1) + pid_m
+        tile = pid_n * tl.num_programs(0) + pid_m
         if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:  # the last of the tile
             total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             total_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -230,7 +230,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         b, res = (y if a is None else a for a in args)  # unused operands: any pointer (never read)
         block_n, block_k, warps, stages, split = tile
-        grid = (triton.cdiv(n, block_n), triton.cdiv(m, ROWS), split)
+        # Row blocks vary fastest: the programs of one weight tile run side by side and share its
+        # reads through L2, so a pass of more than 16 rows does not stream the weights again per block.
+        grid = (triton.cdiv(m, ROWS), triton.cdiv(n, block_n), split)
         k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
         parts = y
         if split > 1:
