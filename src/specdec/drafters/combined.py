@@ -52,6 +52,7 @@ class LookupThenHead(Drafter):
 # On a CPU every drafted row makes the verify pass dearer (a 3-row pass ~1.13 target steps, 5 rows
 # ~1.33) and the shipped head's drafts are kept less than half the time: on Spec-Bench it paid best
 # at K=2 (1.34x for lookup+head against 1.18x at K=4, docs/draft-head.md). Lookup keeps the full K.
+# Re-checked after one-token steps got faster (CpuMatrix): head <= 2 1.37x, head <= 1 1.34x.
 CPU_HEAD_MAX = 2
 
 
