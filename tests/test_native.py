@@ -161,3 +161,19 @@ def test_cpu_matrix_computes_linear_in_every_layout(shape, single_row):
         torch.testing.assert_close(linear(x, m, b), torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="single_row"):
         CpuMatrix(w, single_row="fast")
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_large_models_keep_one_copy_on_a_cpu(monkeypatch):
+    """The single-row copies are made only while they are small; otherwise every step reads the
+    prepacked matrices, and the logits are the same either way (within fp32 tolerance)."""
+    from specdec.models import llama_net
+
+    model = hf_model("llama-untied")
+    small = NativeLlama.from_hf(model, "small", max_length=64)
+    monkeypatch.setattr(llama_net, "SINGLE_ROW_COPY_BYTES", 0)
+    large = NativeLlama.from_hf(model, "large", max_length=64)
+    assert small.net.layers[0].packed["w13"].one_row is not None
+    assert large.net.layers[0].packed["w13"].one_row is None and large.net._packed_lm.single_packed
+    tokens = torch.randint(0, SMALL["vocab_size"], (12,), generator=torch.Generator().manual_seed(2))
+    assert_same_steps(small, large, tokens, [8, 1, 1, 2])

@@ -50,6 +50,9 @@ def pack_weight(w: torch.Tensor, rows: int = 5) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
 
 
+SINGLE_ROW_COPY_BYTES = 2 << 30  # the most memory the single-row copies of pack_for_cpu may take
+
+
 class CpuMatrix:
     """An fp32 weight [out, in] on a CPU, held in the layout each row count reads fastest.
 
@@ -61,8 +64,8 @@ class CpuMatrix:
     576x1536 reads faster as it is (15.6 against 12.0), so narrower outputs keep [out, in].
     Several rows (a verify pass): prepacked for oneDNN (`multi_rows`), since PyTorch's GEMM
     repacks the weight on every call and a 5-row x @ w_t read only 3-10 GB/s.
-    Holding both layouts doubles the weight memory of the native CPU path; single_row="packed"
-    keeps only the prepacked one (the layout before, for side-by-side timing)."""
+    Holding both layouts doubles the weight memory (LlamaNet.pack_for_cpu does it only up to
+    SINGLE_ROW_COPY_BYTES); single_row="packed" keeps only the prepacked one (the layout before)."""
 
     SINGLE_ROW = ("layout", "packed")
 
@@ -196,10 +199,16 @@ class LlamaNet(nn.Module):
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     @torch.no_grad()
-    def pack_for_cpu(self, single_row: str = "layout") -> None:
+    def pack_for_cpu(self, single_row: str | None = None) -> None:
         """Hold every matrix as a CpuMatrix (fp32 on a CPU: a single-row layout and a oneDNN-prepacked
         one). The layer parameters are then emptied (the CpuMatrix holds what is needed); the embedding
-        stays plain for lookups and the head drafter."""
+        stays plain for lookups and the head drafter. single_row None: the faster single-row layout
+        while its second copy of the matrices stays under SINGLE_ROW_COPY_BYTES, else steps of one
+        row read the prepacked matrices too (a large model on a CPU keeps one copy)."""
+        matrices = [getattr(block, name).weight for block in self.layers for name in ("wqkv", "wo", "w13", "w2")]
+        if single_row is None:
+            size = sum(w.numel() * w.element_size() for w in matrices + [self.lm_weight()])
+            single_row = "layout" if size <= SINGLE_ROW_COPY_BYTES else "packed"
         for block in self.layers:
             for name in ("wqkv", "wo", "w13", "w2"):
                 block.packed[name] = CpuMatrix(getattr(block, name).weight, single_row=single_row)
