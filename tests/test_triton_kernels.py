@@ -35,7 +35,8 @@ def test_gemv_prologue_and_epilogues_match_torch(rows):
 @pytest.mark.parametrize("split", [2, 3])
 def test_split_k_gemv_matches_torch_and_resets_its_counters(split, monkeypatch):
     """Split-K: the last program of a tile adds the partials. Every epilogue, K not a multiple of
-    the slices, 17 rows (two row blocks), each row also computed alone; the tile counters are back
+    the slices, 17 rows (two row blocks), each row also computed alone, 40 rows of a 16-row matrix
+    (the partials sized by row blocks, not column blocks); the tile counters are back
     at zero for the next GEMV. (Bit-for-bit row invariance is checked on a GPU by `specdec bench
     gpu`: the interpreter's numpy products are not row-invariant even without split-K.)"""
     x, w, bias, res = randn(17, 100), randn(40, 100), randn(40), randn(17, 40)
@@ -48,6 +49,8 @@ def test_split_k_gemv_matches_torch_and_resets_its_counters(split, monkeypatch):
     torch.testing.assert_close(triton_ops.gemv(x, w, swiglu=True), torch.nn.functional.silu(gate) * up, **close)
     alone = torch.cat([triton_ops.gemv(x[i:i + 1], w, bias=bias, residual=res[i:i + 1]) for i in range(17)])
     torch.testing.assert_close(alone, both, **close)
+    tall, narrow = randn(40, 100), randn(16, 100)  # more row blocks (3) than column blocks (1)
+    torch.testing.assert_close(triton_ops.gemv(tall, narrow), tall @ narrow.T, **close)
     assert not triton_ops._tile_counters(x.device).any()
 
 

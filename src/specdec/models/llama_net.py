@@ -73,7 +73,6 @@ class CpuMatrix:
         if single_row not in self.SINGLE_ROW:
             raise ValueError(f"single_row must be one of {self.SINGLE_ROW}, not {single_row!r}")
         w = w.detach()
-        self.shape = tuple(w.shape)
         self.packed = pack_weight(w, multi_rows) if multi_rows else None
         self.single_packed = single_row == "packed" and self.packed is not None
         self.transposed = w.shape[0] >= w.shape[1] and not self.single_packed
@@ -205,8 +204,8 @@ class LlamaNet(nn.Module):
         stays plain for lookups and the head drafter. single_row None: the faster single-row layout
         while its second copy of the matrices stays under SINGLE_ROW_COPY_BYTES, else steps of one
         row read the prepacked matrices too (a large model on a CPU keeps one copy)."""
-        matrices = [getattr(block, name).weight for block in self.layers for name in ("wqkv", "wo", "w13", "w2")]
         if single_row is None:
+            matrices = [getattr(block, name).weight for block in self.layers for name in ("wqkv", "wo", "w13", "w2")]
             size = sum(w.numel() * w.element_size() for w in matrices + [self.lm_weight()])
             single_row = "layout" if size <= SINGLE_ROW_COPY_BYTES else "packed"
         for block in self.layers:

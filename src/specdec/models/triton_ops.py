@@ -75,6 +75,13 @@ def _let_next_start(PDL: tl.constexpr):
 
 
 @triton.jit
+def _start_short_kernel(PDL: tl.constexpr):
+    """A short kernel (norm, RoPE, attention): wait for its inputs, then let the next one get ready."""
+    _wait_for_inputs(PDL)
+    _let_next_start(PDL)
+
+
+@triton.jit
 def _gemv_epilogue(acc, acc_up, b_ptr, r_ptr, y_ptr, rm, rn, row_ok, col_ok, N,
                    HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr):
     dtype = y_ptr.dtype.element_ty
@@ -101,7 +108,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, part_ptr, count_ptr, M, N, K
                  SPLIT: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr = 0):
     """y[m, n] = epilogue(sum_k x[m, k] * w[n, k]); with SWIGLU, w has 2N rows (gate, up).
 
-    SPLIT > 1 (split-K, for matrices too small to keep every SM streaming): program (n, m, s) sums
+    SPLIT > 1 (split-K, for matrices too small to keep every SM streaming): program (m, n, s) sums
     the s-th slice of K into an fp32 partial; the program that finishes its tile last (an atomic
     count) adds the SPLIT partials in the fixed order 0..SPLIT-1 and runs the epilogue, so the
     result is deterministic and a row's arithmetic still does not depend on the row count.
@@ -236,7 +243,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
         k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
         parts = y
         if split > 1:
-            parts = torch.empty(split, 2 if swiglu else 1, grid[1] * ROWS, n, dtype=torch.float32, device=x.device)
+            parts = torch.empty(split, 2 if swiglu else 1, grid[0] * ROWS, n, dtype=torch.float32, device=x.device)
             if grid[0] * grid[1] > MAX_TILES:
                 raise ValueError(f"split-K GEMV of {grid[0] * grid[1]} tiles: more than MAX_TILES")
         _gemv_kernel[grid](
@@ -288,8 +295,7 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v
                        H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, PDL: tl.constexpr = 0):
     """Program (m, head) for head in [0, H + 2 HKV): q heads rotated into q, k heads rotated into the
     cache, v heads copied into the cache, at slot pos[m]. cos/sin: [n, HD] (halves repeated)."""
-    _wait_for_inputs(PDL)
-    _let_next_start(PDL)  # short kernel: the next one may get ready now
+    _start_short_kernel(PDL)
     m = tl.program_id(0)
     head = tl.program_id(1)
     dtype = qkv_ptr.dtype.element_ty
@@ -341,8 +347,7 @@ def _attention_chunk_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr, M, S,
     its rows over its chunk, with their running max and sum, for the combine kernel. Rows are
     (token m, query head g of this KV head): r = m * G + g; a row sees the slots <= its position.
     Chunks past the last token's position do nothing (the combine kernel stops before them)."""
-    _wait_for_inputs(PDL)
-    _let_next_start(PDL)  # short kernel: the next one may get ready now
+    _start_short_kernel(PDL)
     kvh = tl.program_id(0)
     chunk = tl.program_id(1)
     r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -386,8 +391,7 @@ def _attention_combine_kernel(acc_ptr, ml_ptr, pos_ptr, out_ptr, M, R, n_chunks,
                               BLOCK_R: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr = 0):
     """Program (kv head, row block): merge the chunks in order (a chunk a row cannot see adds
     exactly nothing), normalise, write [n, H * hd]."""
-    _wait_for_inputs(PDL)
-    _let_next_start(PDL)  # short kernel: the next one may get ready now
+    _start_short_kernel(PDL)
     kvh = tl.program_id(0)
     r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     m = r // G
@@ -438,8 +442,7 @@ def attention(q, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int) -> torch.
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
-    _wait_for_inputs(PDL)
-    _let_next_start(PDL)  # short kernel: the next one may get ready now
+    _start_short_kernel(PDL)
     row = tl.program_id(0)
     d = tl.arange(0, BLOCK)
     ok = d < D
