@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
+from specdec.commands.train_draft import feature_layers  # noqa: E402
 from specdec.drafters.head import config_for_target, target_parts  # noqa: E402
 from specdec.models.loader import load_model  # noqa: E402
 from specdec.train.data import DataConfig, build_dataset  # noqa: E402
@@ -68,6 +69,11 @@ def main() -> int:
     p.add_argument("--check-per-category", type=int, default=0, help="Spec-Bench questions per category to measure")
     p.add_argument("--compare-head", default=None, help="a head to measure beside the new one")
     p.add_argument("--data-only", action="store_true", help="stop after the data (a later run trains on it)")
+    p.add_argument("--feature-layers", default="auto", help="target layers the data keeps (train-draft's flag)")
+    p.add_argument("--head-layers", default=None, help="layers the head reads (default: --feature-layers)")
+    p.add_argument("--ab-steps", type=int, default=0,
+                   help="after the data: train a head on the last layer alone and one on --feature-layers for "
+                        "this many steps each, print both agreements, write the better choice to DATA/winner.txt")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     started = time.perf_counter()
@@ -75,7 +81,11 @@ def main() -> int:
 
     target = load_model(args.target, device=args.device, dtype="fp32", backend="hf")
     hf = target.model.model
-    print(f"[{clock():.0f}s] target loaded on {args.device}", flush=True)
+    n_layers = hf.config.num_hidden_layers
+    layers = feature_layers(args.feature_layers, n_layers)
+    head_layers = layers if args.head_layers is None else feature_layers(args.head_layers, n_layers)
+    print(f"[{clock():.0f}s] target loaded on {args.device}; data keeps layers {layers}, the head reads "
+          f"{head_layers}", flush=True)
 
     # 1. Data, a batch of prompts at a time until the time for data is spent.
     data_dir = Path(args.data_dir)
@@ -85,25 +95,28 @@ def main() -> int:
     while n < args.prompts and clock() < args.gen_seconds:
         n = min(args.prompts, n + args.gen_batch)
         data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch,
-                                 source_texts=args.source_texts, followups=args.followups)
+                                 source_texts=args.source_texts, followups=args.followups, feature_layers=layers)
         shards = build_dataset(hf, target.tokenizer, data_dir, data_config, progress=False)
         print(f"[{clock():.0f}s] {n} prompts answered ({len(shards)} shards)", flush=True)
     data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch,
-                             source_texts=args.source_texts, followups=args.followups)
+                             source_texts=args.source_texts, followups=args.followups, feature_layers=layers)
+    train_config = TrainConfig(steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
+                               draft_vocab=args.draft_vocab, eval_every=args.eval_every,
+                               val_examples=args.val_examples, max_len=args.max_len)
+    if args.ab_steps:
+        compare_layers(target, shards, data_dir, layers, replace(train_config, steps=args.ab_steps,
+                                                                  eval_every=args.ab_steps), clock)
     if args.data_only:  # each new shard's log line gave its answer tokens; a later run loads them all anyway
         print(f"[{clock():.0f}s] data only: {len(shards)} shards under {data_dir}", flush=True)
         return 0
 
     # 2. Time the training steps on a throwaway checkpoint, then fit the steps into the budget.
-    train_config = TrainConfig(steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
-                               draft_vocab=args.draft_vocab, eval_every=args.eval_every,
-                               val_examples=args.val_examples, max_len=args.max_len)
     examples = load_examples(shards, device=args.device)
     tokens = sum(int(e["ids"].shape[0]) - int(e["start"]) for e in examples)
     kinds = {k: sum(1 for path in shards if path.name.startswith(k + "_")) for k in ("shard_src", "shard_use")}
     print(f"[{clock():.0f}s] {len(examples)} answers, {tokens} answer tokens; two-stage shards {kinds}", flush=True)
     parts = target_parts(target.model)
-    head_config = config_for_target(target.model, args.draft_vocab)
+    head_config = config_for_target(target.model, args.draft_vocab, head_layers)
     probe_dir = data_dir / "probe"
     shutil.rmtree(probe_dir, ignore_errors=True)
     probe_dir.mkdir(parents=True)
@@ -131,6 +144,7 @@ def main() -> int:
           f"--max-new-tokens {args.max_new_tokens} --gen-batch {args.gen_batch} "
           f"--steps {steps} --batch-size {args.batch_size} --lr {args.lr} --unroll {args.unroll} "
           f"--draft-vocab {args.draft_vocab} --max-len {args.max_len} "
+          f"--feature-layers {','.join(map(str, head_layers)) or 'none'} "
           f"--val-examples {args.val_examples} --eval-every {args.eval_every} "
           f"--data-dir {data_dir} --out {args.out}", flush=True)
 
@@ -138,14 +152,14 @@ def main() -> int:
     out = Path(args.out)
     Path(str(out) + ".ckpt").unlink(missing_ok=True)
     t0 = time.perf_counter()
-    summary = train_draft(target, out, data_dir, data_config, train_config, progress=False)
+    summary = train_draft(target, out, data_dir, data_config, train_config, progress=False, head_layers=head_layers)
     summary.update(train_seconds=round(time.perf_counter() - t0, 1), total_seconds=round(clock(), 1),
                    ms_per_step=round(per_step * 1000, 2), device=torch.cuda.get_device_name()
                    if args.device == "cuda" else args.device)
     if args.check_per_category:
         heads = {"new": out} | ({"compare": Path(args.compare_head)} if args.compare_head else {})
         summary["specbench_check"] = check_on_specbench(target, heads, args.check_per_category,
-                                                        args.max_new_tokens, train_config)
+                                                        args.max_new_tokens, train_config, layers)
         print(json.dumps(summary["specbench_check"], indent=1), flush=True)
     if args.summary:
         Path(args.summary).write_text(json.dumps(summary, indent=1))
@@ -157,7 +171,33 @@ def main() -> int:
     return 0
 
 
-def check_on_specbench(target, heads: dict, per_category: int, max_new_tokens: int, config) -> dict:
+def compare_layers(target, shards: list[Path], data_dir: Path, layers: tuple[int, ...], config: TrainConfig,
+                   clock) -> None:
+    """Train a head on the last layer's features alone and one on `layers` for config.steps each, on
+    the same data and batches; print their held-out agreement, write the better to DATA/winner.txt."""
+    examples = load_examples(shards, device=target.model.device)
+    parts = target_parts(target.model)
+    torch.set_float32_matmul_precision("high")
+    results = {}
+    for choice in ((), layers):
+        ckpt = data_dir / "ab.ckpt"
+        ckpt.unlink(missing_ok=True)
+        with torch.enable_grad():
+            _, history = fit(parts, config_for_target(target.model, config.draft_vocab, choice), examples, config,
+                             ckpt, progress=False, log=lambda *a: None)
+        ckpt.unlink(missing_ok=True)
+        name = ",".join(map(str, choice)) or "none"
+        results[name] = history[-1]["val_greedy_agreement"]
+        print(f"[{clock():.0f}s] A/B {config.steps} steps, layers {name}: held-out agreement "
+              f"{[round(a, 3) for a in results[name]]}", flush=True)
+    torch.set_float32_matmul_precision("highest")
+    winner = max(results, key=lambda name: sum(results[name]))
+    (data_dir / "ab.json").write_text(json.dumps({"steps": config.steps, "agreement": results, "winner": winner}))
+    (data_dir / "winner.txt").write_text(winner)
+
+
+def check_on_specbench(target, heads: dict, per_category: int, max_new_tokens: int, config,
+                       layers: tuple[int, ...] = ()) -> dict:
     """Per Spec-Bench category: the share of the target's greedy answer tokens inside each head's
     sub-vocabulary and each head's teacher-forced greedy agreement per draft step (measured only)."""
     from specdec.bench.specbench import QUESTIONS, load_questions
@@ -166,7 +206,7 @@ def check_on_specbench(target, heads: dict, per_category: int, max_new_tokens: i
     from specdec.train.trainer import evaluate, sub_vocab_index, usable
 
     rows = load_questions(str(QUESTIONS), per_category, None)
-    answer_config = DataConfig(max_new_tokens=max_new_tokens)
+    answer_config = DataConfig(max_new_tokens=max_new_tokens, feature_layers=layers)
     examples = _answer_batch(target.model.model, target.tokenizer, [r["turns"][0] for r in rows], answer_config,
                              sample=False)
     device = next(target.model.model.parameters()).device

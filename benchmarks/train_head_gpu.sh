@@ -30,8 +30,14 @@ train)
   echo "$SHA  $GGUF" | sha256sum -c || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $KEEP/whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  # The layers an earlier call's A/B (--ab-steps) chose, unless the options name them.
+  WINNER=()
+  if [ -f $KEEP/data/winner.txt ] && [[ " $* " != *" --head-layers "* ]]; then
+    WINNER=(--head-layers "$(cat $KEEP/data/winner.txt)")
+  fi
   timeout 545 python3 benchmarks/train_head_gpu.py --target $GGUF --out $KEEP/head.safetensors \
-    --data-dir $KEEP/data --summary $OUT/summary.json "${@:2}" 2>&1 | tee $OUT/train.log
+    --data-dir $KEEP/data --summary $OUT/summary.json "${WINNER[@]}" "${@:2}" 2>&1 | tee $OUT/train.log
+  cp $KEEP/data/ab.json $OUT/ 2>/dev/null
   if [ -f $KEEP/head.safetensors ]; then cp $KEEP/head.safetensors $OUT/; exit 0; fi
   [ -f $KEEP/head.safetensors.ckpt ] || exit 0  # a data-only run
   # Cut short: export the last checkpoint's head (trained with a learning rate not yet decayed).

@@ -37,7 +37,7 @@ class MarkovLM(CausalLM):
             rows.append(self.table[prev2, t])
         return torch.stack(rows)
 
-    def forward_with_hidden(self, tokens):
+    def forward_with_hidden(self, tokens, layers=()):
         logits = self.forward(tokens)
         return logits, logits
 

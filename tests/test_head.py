@@ -18,25 +18,37 @@ from tests.test_exactness import HOT, WARPED, exact_joint, goodness_of_fit, samp
 CPU = torch.device("cpu")
 
 
-def examples_from(model, prompts: list[list[int]], new_tokens: int = 16, top_k: int = 4) -> list[dict]:
+def examples_from(model, prompts: list[list[int]], new_tokens: int = 16, top_k: int = 4,
+                  layers: tuple[int, ...] = ()) -> list[dict]:
     """Training examples (the format of specdec.train.data) from a model's own greedy answers."""
     out = []
     for prompt in prompts:
         ids = list(prompt) + plain_greedy(model, prompt, new_tokens)
         model.reset()
-        logits, hidden = model.forward_with_hidden(torch.tensor(ids[:-1]))  # [n-1, V], [n-1, D]
+        logits, hidden = model.forward_with_hidden(torch.tensor(ids[:-1]), layers)  # [n-1, V], [n-1, W]
         top = torch.softmax(logits[len(prompt) - 1:], -1).topk(top_k)
         out.append({"ids": torch.tensor(ids, dtype=torch.int32), "features": hidden.to(torch.bfloat16),
-                    "start": len(prompt), "top_ids": top.indices.int(), "top_p": top.values.half()})
+                    "start": len(prompt), "top_ids": top.indices.int(), "top_p": top.values.half(),
+                    "layers": torch.tensor(layers, dtype=torch.int32)})
     return out
 
 
-def train_head(model, draft_vocab: int, steps: int, tmp_path, **kw) -> DraftHead:
+def train_head(model, draft_vocab: int, steps: int, tmp_path, layers: tuple[int, ...] = (), **kw) -> DraftHead:
     prompts = [[(7 * i + j) % model.vocab_size for j in range(3 + i % 4)] for i in range(8)]
     config = TrainConfig(steps=steps, batch_size=4, val_examples=2, eval_every=steps, ckpt_every=2, **kw)
-    head, _ = fit(target_parts(model), config_for_target(model, draft_vocab), examples_from(model, prompts),
-                  config, tmp_path / "head.ckpt", progress=False, log=lambda *_: None)
+    head, _ = fit(target_parts(model), config_for_target(model, draft_vocab, layers),
+                  examples_from(model, prompts, layers=layers), config, tmp_path / "head.ckpt", progress=False,
+                  log=lambda *_: None)
     return head
+
+
+@pytest.fixture(scope="module")
+def fused_head_path(tiny_target, tmp_path_factory):
+    """A head that also reads the output of the tiny target's first layer (EAGLE-3 fused features)."""
+    tmp = tmp_path_factory.mktemp("fused-head")
+    head = train_head(tiny_target, draft_vocab=48, steps=6, tmp_path=tmp, layers=(0,))
+    head.save(tmp / "head.safetensors")
+    return tmp / "head.safetensors"
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +74,42 @@ def test_greedy_identity_with_head(tiny_target, head_path, kind, k, min_confiden
     for prompt in PROMPTS:
         expected = plain_greedy(tiny_target, prompt, 30)
         assert engine.generate(prompt, GenerationConfig(max_new_tokens=30, k=k)).token_ids == expected
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("kind", ["head", "lookup+head"])
+def test_greedy_identity_with_fused_head(tiny_target, fused_head_path, kind, k):
+    drafter = head_drafter(tiny_target, fused_head_path)
+    assert drafter.feature_layers == (0,)
+    if kind == "lookup+head":
+        drafter = LookupThenHead(LookupDrafter(CPU), drafter)
+        assert drafter.feature_layers == (0,)
+    engine = Engine(tiny_target, drafter)
+    for prompt in PROMPTS:
+        expected = plain_greedy(tiny_target, prompt, 30)
+        assert engine.generate(prompt, GenerationConfig(max_new_tokens=30, k=k)).token_ids == expected
+
+
+def test_output_follows_target_distribution_with_fused_head(tmp_path):
+    target = tiny_llama(21, layers=2, hidden=16, vocab=5, scale=30.0)
+    head = train_head(target, draft_vocab=4, steps=2, tmp_path=tmp_path, layers=(0,))
+    counts = sampled_joint(Engine(target, HeadDrafter(head, target_parts(target))), HOT, k=2, samples=1000,
+                           n_tokens=2)
+    assert goodness_of_fit(counts, exact_joint(target, HOT, n_tokens=2)) > 1e-3
+
+
+def test_fused_head_starts_as_the_final_feature_head(tiny_target):
+    """Untrained, fuse passes the final-norm feature through: the lower layers' columns weigh zero,
+    so the target's features and the head's own predicted feature enter the same way."""
+    plain = DraftHead(config_for_target(tiny_target, 64))
+    fused = DraftHead(config_for_target(tiny_target, 64, (0,)))
+    fused.fc.load_state_dict(plain.fc.state_dict())
+    feats, final, embeds = torch.randn(1, 5, 64), torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+    feats[..., 32:] = final
+    with torch.no_grad():
+        torch.testing.assert_close(fused.inputs(feats, embeds), plain.inputs(final, embeds))
+        torch.testing.assert_close(fused.inputs(final, embeds), plain.inputs(final, embeds))
+    assert fused.config.feature_width == 64 and config_for_target(tiny_target, 64, "auto").feature_layers == (0,)
 
 
 def test_head_learns_the_target(tiny_target, tmp_path):
@@ -110,8 +158,9 @@ def test_confidence_stop_keeps_sampled_output_exact(tmp_path):
     assert goodness_of_fit(counts, exact_joint(target, HOT, n_tokens=2)) > 1e-3
 
 
-def test_save_load_round_trip(tiny_target, head_path, tmp_path):
-    head = DraftHead.load(head_path)
+@pytest.mark.parametrize("fused", [False, True], ids=["eagle1", "fused"])
+def test_save_load_round_trip(tiny_target, head_path, fused_head_path, tmp_path, fused):
+    head = DraftHead.load(fused_head_path if fused else head_path)
     again_path = tmp_path / "again.safetensors"
     head.save(again_path)
     again = DraftHead.load(again_path)

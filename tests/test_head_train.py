@@ -43,6 +43,9 @@ def test_train_draft_end_to_end_and_resume(tiny_target_dir, tmp_path, capsys):
     assert len(shard_paths(tmp_path / "data")) == 2
     head = DraftHead.load(tmp_path / "head.safetensors")
     assert head.config.draft_vocab == 256 and head.config.hidden == 32
+    assert head.config.feature_layers == (0,)  # --feature-layers auto on a 2-layer target
+    shard = torch.load(shard_paths(tmp_path / "data")[0], weights_only=True)
+    assert shard[0]["layers"].tolist() == [0] and shard[0]["features"].shape[1] == 2 * 32
     assert (tmp_path / "head.safetensors.ckpt").exists()
     # Asked for more steps, the run reuses the shards and continues from the checkpoint.
     stamps = [p.stat().st_mtime_ns for p in shard_paths(tmp_path / "data")]
@@ -77,6 +80,39 @@ def test_collate_keeps_a_prompt_longer_than_max_len_as_context_only():
     assert batch.feats.shape == (2, 14, 4) and batch.feats[0].abs().sum() > 0
 
 
+def test_bad_feature_layers_are_a_clear_error(tiny_target_dir, tmp_path, capsys):
+    for spec, message in [("1", "increasing indices in 0..0"), ("a,b", "comma-separated layer indices")]:
+        rc = main(["train-draft", "--target", str(tiny_target_dir), "--out", str(tmp_path / "h.safetensors"),
+                   "--device", "cpu", "--feature-layers", spec, "--no-progress"])
+        assert rc == 2 and message in capsys.readouterr().err
+
+
+def test_collate_takes_the_columns_of_the_head_s_layers():
+    """Data keeps layers (0, 2) and the final feature; a head reading layer 2 gets [l2, final], its
+    feature targets are the final features; a head reading layer 1 is refused with what to do."""
+    from specdec.errors import InvalidRequestError
+    from specdec.train.trainer import collate
+
+    feats = torch.arange(9 * 12, dtype=torch.float32).reshape(9, 12).bfloat16()  # [n-1, 3 * D], D = 4
+    example = {"ids": torch.arange(10, dtype=torch.int32), "features": feats, "start": 4,
+               "top_ids": torch.zeros(6, 2, dtype=torch.int32), "top_p": torch.full((6, 2), 0.5, dtype=torch.float16),
+               "layers": torch.tensor([0, 2], dtype=torch.int32)}
+    batch = collate([example], torch.arange(16), max_len=16, layers=(2,))
+    assert torch.equal(batch.feats[0], feats[:8, 4:].float())
+    assert torch.equal(batch.feat_targets[0], feats[1:9, 8:].float())
+    assert collate([example], torch.arange(16), max_len=16, layers=(0, 2)).feats.shape == (1, 8, 12)
+    assert collate([example], torch.arange(16), max_len=16).feats.shape == (1, 8, 4)
+    with pytest.raises(InvalidRequestError, match="--feature-layers"):
+        collate([example], torch.arange(16), max_len=16, layers=(1,))
+
+
+def test_default_data_dir_is_per_choice_of_layers():
+    from specdec.train.pipeline import default_data_dir
+
+    assert default_data_dir("default").name == "default"
+    assert default_data_dir("default", (2, 15, 27)).name == "default-layers-2-15-27"
+
+
 def test_data_decoding_is_generates_greedy_answer_with_its_features_and_probabilities(tiny_target_dir):
     """The data builder's own decoding loop answers exactly as transformers' generate() does, and
     keeps the final-norm feature and the top-k probabilities of each position (left-padded batch)."""
@@ -90,15 +126,19 @@ def test_data_decoding_is_generates_greedy_answer_with_its_features_and_probabil
     attention = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
     eos = _eos_ids(model, tokenizer)
     answers, feats, top_ids, top_p = decode_batch(model, ids, attention, 12, False, eos, top_k=4)
+    _, with_layer, _, _ = decode_batch(model, ids, attention, 12, False, eos, top_k=4, layers=(0,))
+    assert torch.equal(with_layer[..., 32:], feats)  # the final-norm feature comes last
     with torch.no_grad():
         ref = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=12, do_sample=False,
                              pad_token_id=0, output_hidden_states=True, output_logits=True,
                              return_dict_in_generate=True)
     assert torch.equal(answers, ref.sequences[:, width:])
     ref_feats = torch.cat([step[-1] for step in ref.hidden_states], dim=1)  # the LM head's input
+    ref_layer0 = torch.cat([step[1] for step in ref.hidden_states], dim=1)  # the first layer's output
     for row, e in enumerate(encoded):
         real = slice(width - len(e), None)  # padding positions hold nothing
         assert torch.allclose(feats[row, real].float(), ref_feats[row, real], rtol=2e-2, atol=1e-2)
+        assert torch.allclose(with_layer[row, real, :32].float(), ref_layer0[row, real], rtol=2e-2, atol=1e-2)
     probs = torch.stack(ref.logits, dim=1).softmax(-1)  # [B, R, V]
     assert torch.equal(top_ids[..., 0].long(), probs.argmax(-1))
     assert torch.allclose(top_p.float(), probs.topk(4, dim=-1).values, atol=1e-3)

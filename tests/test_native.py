@@ -37,13 +37,13 @@ def hf_model(variant: str, seed: int = 0):
     return model
 
 
-def assert_same_steps(ref, native, tokens, chunks):
+def assert_same_steps(ref, native, tokens, chunks, layers=()):
     """Feed the same chunks to both models; logits and features agree at every step."""
     start = 0
     for size in chunks:
         piece = tokens[start:start + size]
-        ref_logits, ref_hidden = ref.forward_with_hidden(piece)
-        logits, hidden = native.forward_with_hidden(piece)
+        ref_logits, ref_hidden = ref.forward_with_hidden(piece, layers)
+        logits, hidden = native.forward_with_hidden(piece, layers)
         torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(hidden, ref_hidden, atol=1e-4, rtol=1e-4)
         start += size
@@ -68,6 +68,30 @@ def test_static_graph_path_matches_eager(pad_rows):
     static = NativeLlama.from_hf(model, "static", max_length=64, cuda_graphs=True, pad_rows=pad_rows)
     tokens = torch.randint(0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(2))
     assert_same_steps(eager, static, tokens, [20, 1, 5, 1, 2, 3])
+
+
+def test_multi_layer_features_match_transformers():
+    """forward_with_hidden(tokens, layers): the outputs of the named layers, then the final-norm
+    features, equal transformers' hidden states, on the eager and the fixed-shape (graph) paths."""
+    model = model_cls_with_layers(4)
+    ref = HFCausalLM(model, "ref")
+    tokens = torch.randint(0, SMALL["vocab_size"], (30,), generator=torch.Generator().manual_seed(4))
+    for graphs in (False, True):
+        native = NativeLlama.from_hf(model, "native", max_length=64, cuda_graphs=graphs)
+        ref.reset()
+        assert_same_steps(ref, native, tokens, [9, 1, 4, 1, 2], layers=(0, 2))
+    _, features = native.forward_with_hidden(tokens[:2], (1,))
+    assert features.shape == (2, 2 * SMALL["hidden_size"])
+    for bad in [(3,), (2, 0), (1, 1), (-1,)]:  # the last layer, unordered, repeated, negative
+        with pytest.raises(ValueError, match="feature layers"):
+            native.forward_with_hidden(tokens[:1], bad)
+
+
+def model_cls_with_layers(n_layers: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(5)
+    return LlamaForCausalLM(LlamaConfig(**{**SMALL, "num_hidden_layers": n_layers})).float().eval()
 
 
 def test_rollback_only_moves_the_length():

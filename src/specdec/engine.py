@@ -236,14 +236,14 @@ class Engine:
     def _prefill(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """Run the prompt minus its last token into the target's cache; features only if the drafter reads them."""
         if self.drafter.needs_target_features:
-            return self.target.forward_with_hidden(tokens)[1]
+            return self.target.forward_with_hidden(tokens, self.drafter.feature_layers)[1]
         self.target.extend(tokens)
         return None
 
     def _target_pass(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Target forward over tokens [n]: logits [n, V], and features [n, D] if the drafter reads them."""
         if self.drafter.needs_target_features:
-            return self.target.forward_with_hidden(tokens)
+            return self.target.forward_with_hidden(tokens, self.drafter.feature_layers)
         return self.target.forward(tokens), None
 
     def _rollback(self, kept: int) -> None:

@@ -30,6 +30,10 @@ def register(sub) -> None:
                    help="two-stage self-instruct: texts the target writes first (default: %(default)s, off)")
     g.add_argument("--followups", type=int, default=0,
                    help="then requests to summarise/extract/question/rewrite those texts, pasted in")
+    g.add_argument("--feature-layers", default="auto",
+                   help="target layers whose outputs the head reads besides the last layer's features, fused "
+                        "as in EAGLE-3: `auto` (a low, a middle and a high layer), comma-separated indices, or "
+                        "`none` (the last layer's features alone, EAGLE-1) (default: %(default)s)")
     t = p.add_argument_group("training")
     t.add_argument("--steps", type=positive_int, default=600)
     t.add_argument("--batch-size", type=positive_int, default=8)
@@ -55,16 +59,33 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_model(args.target, device=args.device, dtype=args.dtype, backend="hf")  # needs HF generate()
+    layers = feature_layers(args.feature_layers, target.model.model.config.num_hidden_layers)
     data_config = DataConfig(num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                              batch_size=args.gen_batch, top_k=args.top_k_probs, seed=args.seed,
-                             source_texts=args.source_texts, followups=args.followups)
+                             source_texts=args.source_texts, followups=args.followups, feature_layers=layers)
     train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
                                draft_vocab=args.draft_vocab, eval_every=args.eval_every,
                                val_examples=args.val_examples, max_len=args.max_len, seed=args.seed)
-    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.target)
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.target, layers)
     summary = train_draft(target, Path(args.out), data_dir, data_config, train_config,
                           progress=not args.no_progress)
     last = summary["history"][-1] if summary["history"] else {}
     print(json.dumps({"out": args.out, "answers": summary["answers"], "answer_tokens": summary["answer_tokens"],
                       "val_greedy_agreement": last.get("val_greedy_agreement")}))
     return 0
+
+
+def feature_layers(spec: str, n_layers: int) -> tuple[int, ...]:
+    """--feature-layers: `auto`, `none` or comma-separated layer indices -> checked indices."""
+    from specdec.drafters.head import auto_feature_layers
+    from specdec.models.base import check_feature_layers
+
+    if spec == "none":
+        return ()
+    if spec == "auto":
+        return auto_feature_layers(n_layers)
+    try:
+        layers = tuple(int(part) for part in spec.split(","))
+    except ValueError:
+        raise ValueError(f"--feature-layers takes `auto`, `none` or comma-separated layer indices, not {spec!r}") from None
+    return check_feature_layers(layers, n_layers)

@@ -31,6 +31,7 @@ class Drafter(ABC):
 
     name: str = "drafter"
     needs_target_features: bool = False  # True: the engine calls observe() with the target's features
+    feature_layers: tuple[int, ...] = ()  # which layers' outputs come with them (CausalLM.forward_with_hidden)
 
     def begin(self, prompt: list[int]) -> None:
         """A new sequence starts with these prompt tokens."""
@@ -45,8 +46,9 @@ class Drafter(ABC):
         """After a round: the first num_valid tokens of the text are final; forget the rest."""
 
     def observe(self, features: torch.Tensor) -> None:
-        """The target's features [m, D] (input of its LM head) of the next m tokens of the text that
-        became final, in order: the prompt's after begin(), then each round's kept positions."""
+        """The target's features [m, (len(feature_layers) + 1) * D] (the outputs of feature_layers,
+        then the input of its LM head) of the next m tokens of the text that became final, in
+        order: the prompt's after begin(), then each round's kept positions."""
 
 
 def empty_draft(device: torch.device) -> Draft:

@@ -28,6 +28,7 @@ class LookupThenHead(Drafter):
         # When sampling: (whether lookup drafts at all, the head's limit); default as when greedy.
         self.sampled = sampled or (True, head_max)
         self.name = name or f"lookup+{head.name}"
+        self.feature_layers = head.feature_layers
 
     def begin(self, prompt: list[int]) -> None:
         self.lookup.begin(prompt)

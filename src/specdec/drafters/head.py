@@ -28,6 +28,7 @@ from torch import nn
 
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.errors import ModelLoadError
+from specdec.models.base import check_feature_layers
 from specdec.models.llama_net import CpuMatrix, can_pack, linear
 from specdec.sampling import SamplingParams, sample, warp_logits
 
@@ -42,10 +43,21 @@ class HeadConfig:
     draft_vocab: int  # N rows of the target's LM head the head may draft
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    # EAGLE-3's fused features: the outputs of these target layers come before the final-norm
+    # feature in what the head reads (); empty: the final-norm feature alone (EAGLE-1).
+    feature_layers: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))  # from JSON lists
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.num_heads
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the target features the head reads: (len(feature_layers) + 1) * hidden."""
+        return (len(self.feature_layers) + 1) * self.hidden
 
 
 @dataclass(frozen=True)
@@ -76,15 +88,24 @@ def target_parts(model) -> TargetParts:
             "does not expose them") from None
 
 
-def config_for_target(model, draft_vocab: int) -> HeadConfig:
-    """A head shaped like one decoder layer of the target."""
+def config_for_target(model, draft_vocab: int, feature_layers: tuple[int, ...] | str = ()) -> HeadConfig:
+    """A head shaped like one decoder layer of the target. feature_layers: layer indices, or "auto"
+    for a low, a middle and a high layer, as EAGLE-3 fuses them."""
     c = getattr(model, "model", model).config
     rope = getattr(c, "rope_parameters", None) or {}
+    if feature_layers == "auto":
+        feature_layers = auto_feature_layers(c.num_hidden_layers)
     return HeadConfig(hidden=c.hidden_size, num_heads=c.num_attention_heads,
                       num_kv_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
                       intermediate=c.intermediate_size, vocab_size=c.vocab_size, draft_vocab=draft_vocab,
                       rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
-                      norm_eps=float(c.rms_norm_eps))
+                      norm_eps=float(c.rms_norm_eps),
+                      feature_layers=check_feature_layers(tuple(feature_layers), c.num_hidden_layers))
+
+
+def auto_feature_layers(n_layers: int) -> tuple[int, ...]:
+    """A low, a middle and a high layer (the last layer's features always come too)."""
+    return tuple(sorted({min(2, n_layers - 2), n_layers // 2, n_layers - 3} & set(range(n_layers - 1))))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -144,18 +165,40 @@ class HeadLayer(nn.Module):
 
 
 class DraftHead(nn.Module):
-    """fc(concat(f_i, e(t_{i+1}))) -> decoder layer -> target's final norm = predicted f_{i+1}."""
+    """fc(concat(f_i, e(t_{i+1}))) -> decoder layer -> target's final norm = predicted f_{i+1}.
+
+    With feature_layers (EAGLE-3), f_i is first fused from several layers of the target:
+    fuse(concat(rms(l_a), rms(l_b), ..., final-norm feature)), each layer's output scaled to unit RMS
+    (the residual stream grows with depth). Pairs built from the head's own predicted feature h have
+    no lower layers: they read fuse's final-feature columns alone, fuse(concat(0, ..., 0, h)).
+    fuse starts as the identity on the final feature, i.e. as the EAGLE-1 head."""
 
     def __init__(self, config: HeadConfig, vocab_ids: torch.Tensor | None = None):
         super().__init__()
         self.config = config
-        self.fc = nn.Linear(2 * config.hidden, config.hidden, bias=True)
+        d = config.hidden
+        self.fc = nn.Linear(2 * d, d, bias=True)
+        self.fuse = None
+        if config.feature_layers:
+            self.fuse = nn.Linear(config.feature_width, d, bias=False)
+            with torch.no_grad():
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, -d:] = torch.eye(d)
         self.layer = HeadLayer(config)
         ids = vocab_ids if vocab_ids is not None else torch.arange(config.draft_vocab)
         self.register_buffer("vocab_ids", ids.long().clone())  # [N]: target ids the head may draft
 
     def inputs(self, feats: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
-        """feats, embeds [B, T, D] -> layer input [B, T, D]."""
+        """feats [B, T, feature_width] (the target's) or [B, T, D] (the head's own), embeds [B, T, D]
+        -> layer input [B, T, D]."""
+        d = self.config.hidden
+        if self.fuse is not None:
+            if feats.shape[-1] == d:
+                feats = F.linear(feats, self.fuse.weight[:, -d:])
+            else:
+                lower = feats[..., :-d].unflatten(-1, (-1, d))
+                lower = lower * torch.rsqrt(lower.pow(2).mean(-1, keepdim=True) + self.config.norm_eps)
+                feats = self.fuse(torch.cat([lower.flatten(-2), feats[..., -d:]], dim=-1))
         return self.fc(torch.cat([feats, embeds], dim=-1))
 
     def save(self, path: str | Path, meta: dict | None = None) -> None:
@@ -202,6 +245,7 @@ class HeadDrafter(Drafter):
                 f"this draft head was trained for a target with vocabulary {c.vocab_size} and hidden size "
                 f"{c.hidden}; the target has {tuple(parts.embed.shape)}: train a head for this target")
         self.head, self.parts, self.c = head, parts, c
+        self.feature_layers = c.feature_layers
         # End a round once the head's own estimate that every draft so far is kept (the product of
         # its probabilities of the tokens it drafted) falls below this: a draft unlikely to be reached
         # costs a verify slot and a draft step for nothing. The first token is always drafted.

@@ -25,8 +25,10 @@ class CausalLM(ABC):
         """Run tokens [n] on top of the cache, append them to it, return logits [n, V] (fp32)."""
 
     @abstractmethod
-    def forward_with_hidden(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Like forward, also returning the last layer's features [n, D] (input of the LM head)."""
+    def forward_with_hidden(self, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like forward, also returning the target's features [n, (len(layers) + 1) * D]: the
+        residual stream after each decoder layer in `layers` (0-based, increasing, never the last
+        layer), then the last layer's features (the input of the LM head)."""
 
     @property
     @abstractmethod
@@ -52,3 +54,12 @@ class CausalLM(ABC):
         """Start a new sequence: empty the cache, run tokens [n], return logits [n, V]."""
         self.reset()
         return self.forward(tokens)
+
+
+def check_feature_layers(layers: tuple[int, ...], n_layers: int) -> tuple[int, ...]:
+    """`layers` as forward_with_hidden takes them, or a ValueError saying what is wrong."""
+    layers = tuple(int(i) for i in layers)
+    if list(layers) != sorted(set(layers)) or any(not 0 <= i < n_layers - 1 for i in layers):
+        raise ValueError(f"feature layers must be increasing indices in 0..{n_layers - 2} (the last layer's "
+                         f"features always come last), not {list(layers)}")
+    return layers

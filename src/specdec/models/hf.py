@@ -7,7 +7,7 @@ import inspect
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specdec.models.base import CausalLM
+from specdec.models.base import CausalLM, check_feature_layers
 
 
 class HFCausalLM(CausalLM):
@@ -53,6 +53,9 @@ class HFCausalLM(CausalLM):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._run(tokens, hidden=False).logits[0].float()
 
-    def forward_with_hidden(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_with_hidden(self, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        layers = check_feature_layers(layers, self.model.config.num_hidden_layers) if layers else ()
         out = self._run(tokens, hidden=True)
-        return out.logits[0].float(), out.hidden_states[-1][0]
+        # hidden_states: the embeddings, then each layer's output; the last one after the final norm.
+        states = [out.hidden_states[i + 1][0] for i in layers] + [out.hidden_states[-1][0]]
+        return out.logits[0].float(), torch.cat(states, dim=-1) if layers else states[0]

@@ -215,29 +215,37 @@ class LlamaNet(nn.Module):
         self._packed_lm = CpuMatrix(self.lm_weight(), single_row=single_row)
 
     def _run(self, tokens, pos, mask, kv_len, layer_fn, math_attention, norm_fn=rms_norm,
-             lm_fn=linear) -> tuple[torch.Tensor, torch.Tensor]:
+             lm_fn=linear, capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> logits [n, V] and features [n, (len(capture) + 1) * D]: the outputs of the layers in
+        `capture` (a draft head's multi-layer features), then the final-norm features."""
         a = self.arch
         x = self.embed(tokens)  # [n, D]
         cos, sin = self.cos[pos], self.sin[pos]  # [n, hd]
-        for layer in self.layers:
+        captured = []
+        for i, layer in enumerate(self.layers):
             x = layer_fn(x, *layer.weights(), layer.k_cache, layer.v_cache, pos, mask, cos, sin,
                          kv_len, a.n_heads, a.n_kv_heads, a.norm_eps, math_attention)
+            if i in capture:
+                captured.append(x.clone())  # a copy: fused kernels may reuse x's buffer
         hidden = norm_fn(x, self.norm, a.norm_eps)  # [n, D]
         lm = self.lm_weight() if self._packed_lm is None else self._packed_lm
-        return lm_fn(hidden, lm), hidden  # [n, V], [n, D]
+        features = torch.cat(captured + [hidden], dim=-1) if captured else hidden
+        return lm_fn(hidden, lm), features  # [n, V], [n, (len(capture) + 1) * D]
 
-    def forward_eager(self, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [n] at positions start..start+n-1; attends only to the first start+n slots."""
+    def forward_eager(self, tokens: torch.Tensor, start: int,
+                      capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [n] at positions start..start+n-1; attends only to the first start+n slots.
+        capture: layers whose outputs come before the final-norm features (see _run)."""
         n = tokens.shape[0]
         kv_len = start + n
         pos = self.slot_ids[start:kv_len]
         mask = None
         if n > 1:  # causal within the new tokens; everything cached before them is visible
             mask = self._additive_mask(pos, self.slot_ids[:kv_len])
-        return self._run(tokens, pos, mask, kv_len, layer_step, False)
+        return self._run(tokens, pos, mask, kv_len, layer_step, False, capture=capture)
 
-    def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor,
-                       fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, fused: bool = False,
+                       capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """Fixed shapes for CUDA graphs: tokens, pos [n] (device tensors); attends over all S slots
         with a mask built on the device, so the host never has to say how long the cache is.
         fused: the Triton kernels of triton_ops (nine per layer, each row computed independently
@@ -246,9 +254,9 @@ class LlamaNet(nn.Module):
             from specdec.models import triton_ops
 
             return self._run(tokens, pos, None, self.slots, triton_ops.fused_layer_step, False,
-                             triton_ops.rms_norm, triton_ops.gemv)
+                             triton_ops.rms_norm, triton_ops.gemv, capture)
         mask = self._additive_mask(pos, self.slot_ids)  # [G*n, S]
-        return self._run(tokens, pos, mask, self.slots, self.layer_fn, self.math_attention)
+        return self._run(tokens, pos, mask, self.slots, self.layer_fn, self.math_attention, capture=capture)
 
     def _additive_mask(self, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """[G*n, len(slots)]: 0 where the row's position may see the slot (slot <= pos), else -inf."""

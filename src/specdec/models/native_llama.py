@@ -28,9 +28,16 @@ import os
 
 import torch
 
-from specdec.models.base import CausalLM
+from specdec.models.base import CausalLM, check_feature_layers
 from specdec.models.llama_config import LlamaArch, arch_from_hf, named_arch
-from specdec.models.llama_net import LlamaNet, build_net, can_pack, init_random, layer_step, load_hf_state
+from specdec.models.llama_net import (
+    LlamaNet,
+    build_net,
+    can_pack,
+    init_random,
+    layer_step,
+    load_hf_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +95,7 @@ class NativeLlama(CausalLM):
         self.pad_rows = pad_rows
         self._compile = compile  # True/"layer": compile the layer function; "step": the whole step
         self._step_fn = None
-        self._graphs: dict[int, _StepGraph] = {}
+        self._graphs: dict[tuple[int, tuple[int, ...]], _StepGraph] = {}  # by (rows, feature layers)
         self._len = 0
         if kernels == "triton" and not self.cuda_graphs:
             raise ValueError("kernels='triton' runs the graphed steps: it needs cuda_graphs (on CUDA, the default)")
@@ -142,17 +149,19 @@ class NativeLlama(CausalLM):
         return self.forward_with_hidden(tokens)[0]
 
     @torch.inference_mode()
-    def forward_with_hidden(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [n] -> logits [n, V] fp32 and final-norm features [n, D], appended to the cache."""
+    def forward_with_hidden(self, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [n] -> logits [n, V] fp32 and features [n, (len(layers) + 1) * D] (the outputs of
+        `layers`, then the final-norm features), appended to the cache."""
         n, start = tokens.shape[0], self._len
         if start + n > self.max_length:
             raise ValueError(f"{start} cached + {n} new tokens exceed the cache of {self.max_length}")
+        layers = check_feature_layers(layers, self.arch.n_layers) if layers else ()
         rows = self._graph_rows(n)
         if rows is None:
-            logits, hidden = self.net.forward_eager(tokens.to(self.device), start)
+            logits, hidden = self.net.forward_eager(tokens.to(self.device), start, layers)
             logits = logits.float()
         else:
-            step = self._graph(rows)
+            step = self._graph(rows, layers)
             step.tokens[:n].copy_(tokens)
             step.pos.copy_(self.net.slot_ids[start:start + rows])
             step.replay()
@@ -175,15 +184,17 @@ class NativeLlama(CausalLM):
             return None
         return self.pad_rows if n <= self.pad_rows else n
 
-    def _graph(self, rows: int) -> _StepGraph:
-        if rows not in self._graphs:
+    def _graph(self, rows: int, layers: tuple[int, ...] = ()) -> _StepGraph:
+        """The graph of `rows` tokens that also returns the outputs of `layers` (one per choice)."""
+        if (rows, layers) not in self._graphs:
             compiled = self._step_fn is not None if self._compile == "step" else self.net.layer_fn is not layer_step
             if self._compile and self.device.type == "cuda" and not compiled and not self.fused_kernels:
                 self._try_compile(rows)
             # The choice is bound into this model's step, so models sharing one net keep their own.
-            step_fn = self._step_fn or functools.partial(self.net.forward_static, fused=self.fused_kernels)
-            self._graphs[rows] = _StepGraph(self.net, rows, step_fn)
-        return self._graphs[rows]
+            step_fn = functools.partial(self._step_fn or self.net.forward_static, fused=self.fused_kernels,
+                                        capture=layers)
+            self._graphs[rows, layers] = _StepGraph(self.net, rows, step_fn)
+        return self._graphs[rows, layers]
 
     def _try_compile(self, rows: int) -> None:
         """Compile the layer function once; if this PyTorch cannot, keep the eager one (still graphed)."""

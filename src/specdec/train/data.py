@@ -14,7 +14,9 @@ run rebuilds exactly the same stage-2 prompts.
 
 One example (a dict of tensors) for a text of n tokens whose answer starts at `start`:
   ids      [n]        int32  prompt + answer (answer cut after the first end-of-sequence token)
-  features [n-1, D]   bf16   target feature f_i at position i (the last token is never fed)
+  features [n-1, W]   bf16   target features at position i (the last token is never fed): the outputs
+                             of `layers`, then the final-norm feature f_i; W = (len(layers) + 1) * D
+  layers   [L]        int32  DataConfig.feature_layers (empty: the final-norm feature alone)
   top_ids  [n-start, k] int32 ids of the target's k most likely next tokens at positions start-1..n-2
   top_p    [n-start, k] fp16  their probabilities (temperature 1, unwarped)
 """
@@ -23,12 +25,17 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from specdec.train.prompts import make_followup_prompts, make_prompts, make_source_prompts
+from specdec.train.prompts import (
+    make_followup_prompts,
+    make_prompts,
+    make_source_prompts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,7 @@ class DataConfig:
     source_texts: int = 0  # two-stage self-instruct: stage-1 texts the target writes (0: off)
     followups: int = 0  # stage-2 requests about those texts
     source_max_new_tokens: int = 384  # length cap of a stage-1 text
+    feature_layers: tuple[int, ...] = ()  # target layers whose outputs are kept too (EAGLE-3 heads)
 
 
 def shard_paths(data_dir: Path) -> list[Path]:
@@ -128,22 +136,55 @@ def _answer_batch(hf_model, tokenizer, prompts: list[str], config: DataConfig, s
     device = next(hf_model.parameters()).device
     eos = _eos_ids(hf_model, tokenizer)
     answers, feats, top_ids, top_p = decode_batch(hf_model, input_ids.to(device), attention.to(device),
-                                                  config.max_new_tokens, sample, eos, config.top_k)
-    return [_example(encoded[b], width, answers[b], feats[b], top_ids[b], top_p[b], eos) for b in range(len(prompts))]
+                                                  config.max_new_tokens, sample, eos, config.top_k,
+                                                  layers=tuple(config.feature_layers))
+    layers = torch.tensor(config.feature_layers, dtype=torch.int32)
+    return [_example(encoded[b], width, answers[b], feats[b], top_ids[b], top_p[b], eos) | {"layers": layers}
+            for b in range(len(prompts))]
+
+
+@contextmanager
+def layer_outputs(decoder, layers: tuple[int, ...]):
+    """Yields a dict that holds, after each forward of the transformers `decoder`, the outputs of
+    its decoder layers `layers` (forward hooks: only those layers' states are kept)."""
+    grabbed: dict[int, torch.Tensor] = {}
+
+    def hook(index):
+        def keep(module, args, output):
+            grabbed[index] = output[0] if isinstance(output, tuple) else output
+        return keep
+
+    handles = [decoder.layers[i].register_forward_hook(hook(i)) for i in layers]
+    try:
+        yield grabbed
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def decode_batch(hf_model, input_ids: torch.Tensor, attention: torch.Tensor, max_new_tokens: int, sample: bool,
-                 eos: set[int], top_k: int, check_every: int = 16):
+                 eos: set[int], top_k: int, check_every: int = 16, layers: tuple[int, ...] = ()):
     """Batched decoding that keeps only what the head learns from, on the device as it goes.
 
     The same model calls as transformers' generate() (prefill, then one token at a time with its KV
     cache; positions from the left-padded attention mask), so greedy answers are generate()'s, but
     per step it keeps just the final-norm feature [B, D] and the top-k probabilities [B, k] instead
     of every layer's hidden states and the full logits, and checks for the end only every
-    `check_every` steps (one host sync). Returns answers [B, R], features [B, P + R - 1, D] (bf16),
-    top_ids [B, R, k], top_p [B, R, k]; rows after a row's end-of-sequence token are junk, cut later.
+    `check_every` steps (one host sync). Returns answers [B, R], features [B, P + R - 1, W] (bf16;
+    the outputs of `layers`, then the final-norm feature: W = (len(layers) + 1) * D), top_ids
+    [B, R, k], top_p [B, R, k]; rows after a row's end-of-sequence token are junk, cut later.
     """
     base, lm_head = hf_model.get_decoder(), hf_model.get_output_embeddings()
+    with layer_outputs(base, layers) as grabbed:
+        def features(last):  # [B, T, D] final-norm states -> [B, T, W]
+            return torch.cat([grabbed[i] for i in layers] + [last], dim=-1) if layers else last
+
+        return _decode(base, lm_head, input_ids, attention, max_new_tokens, sample, eos, top_k, check_every,
+                       features, len(layers) + 1)
+
+
+def _decode(base, lm_head, input_ids, attention, max_new_tokens, sample, eos, top_k, check_every, features, slices):
+    """decode_batch's loop; features(last_hidden_state) adds the kept layers' outputs."""
     b, width = input_ids.shape
     steps = max_new_tokens
     device = input_ids.device
@@ -151,12 +192,12 @@ def decode_batch(hf_model, input_ids: torch.Tensor, attention: torch.Tensor, max
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, P + R]
     eos_ids = torch.tensor(sorted(eos), device=device)
     answers = torch.zeros(b, steps, dtype=torch.long, device=device)
-    feats = torch.zeros(b, width + steps - 1, base.config.hidden_size, dtype=torch.bfloat16, device=device)
+    feats = torch.zeros(b, width + steps - 1, slices * base.config.hidden_size, dtype=torch.bfloat16, device=device)
     top_ids = torch.zeros(b, steps, top_k, dtype=torch.int32, device=device)
     top_p = torch.zeros(b, steps, top_k, dtype=torch.float16, device=device)
     done = torch.zeros(b, dtype=torch.bool, device=device)
     out = base(input_ids=input_ids, attention_mask=mask[:, :width], position_ids=positions[:, :width], use_cache=True)
-    feats[:, :width] = out.last_hidden_state
+    feats[:, :width] = features(out.last_hidden_state)
     hidden = out.last_hidden_state[:, -1]  # [B, D]
     for s in range(steps):
         probs = torch.softmax(lm_head(hidden).float(), dim=-1)  # [B, V]: predicts answer token s
@@ -171,7 +212,7 @@ def decode_batch(hf_model, input_ids: torch.Tensor, attention: torch.Tensor, max
         out = base(input_ids=token[:, None], attention_mask=mask[:, :at + 1], position_ids=positions[:, at:at + 1],
                    past_key_values=out.past_key_values, use_cache=True)
         hidden = out.last_hidden_state[:, -1]
-        feats[:, at] = hidden
+        feats[:, at] = features(out.last_hidden_state)[:, -1]
     return answers[:, :s + 1], feats[:, :width + s], top_ids[:, :s + 1], top_p[:, :s + 1]
 
 

@@ -14,14 +14,20 @@ from specdec.train.data import DataConfig, build_dataset
 from specdec.train.trainer import TrainConfig, fit, load_examples
 
 
-def default_data_dir(target_name: str) -> Path:
+def default_data_dir(target_name: str, feature_layers: tuple[int, ...] = ()) -> Path:
+    """One cache per target and choice of feature layers (their shards do not mix)."""
     slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in target_name)[:80]
+    if feature_layers:
+        slug += "-layers-" + "-".join(str(i) for i in feature_layers)
     return Path.home() / ".cache" / "specdec" / "draft-data" / slug
 
 
 def train_draft(target: LoadedModel, out: Path, data_dir: Path, data_config: DataConfig,
-                train_config: TrainConfig, progress: bool = True, log=print) -> dict:
+                train_config: TrainConfig, progress: bool = True, log=print,
+                head_layers: tuple[int, ...] | None = None) -> dict:
     """Build (or resume) the data under data_dir, train (or resume) the head, save it to `out`.
+
+    head_layers: the target layers the head reads (any of those the data keeps; None: all of them).
 
     The checkpoint for resuming lives next to `out` (`out` + ".ckpt"). Returns a summary dict.
     """
@@ -36,7 +42,8 @@ def train_draft(target: LoadedModel, out: Path, data_dir: Path, data_config: Dat
     log(f"{len(examples)} answers, {tokens} answer tokens under {data_dir}")
     parts = target_parts(target.model)
     draft_vocab = min(train_config.draft_vocab, parts.lm_head.shape[0])
-    head_config = config_for_target(target.model, draft_vocab)
+    layers = data_config.feature_layers if head_layers is None else head_layers
+    head_config = config_for_target(target.model, draft_vocab, layers)
     ckpt = Path(str(out) + ".ckpt")
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")  # TF32 for the head's training only; the data above is full fp32

@@ -18,7 +18,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.drafters.head import DraftHead, HeadConfig, TargetParts, rms_norm, rope_tables
+from specdec.drafters.head import (
+    DraftHead,
+    HeadConfig,
+    TargetParts,
+    rms_norm,
+    rope_tables,
+)
+from specdec.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)
@@ -69,22 +76,45 @@ def choose_vocab(examples: list[dict], size: int, vocab_size: int) -> torch.Tens
     return torch.tensor(sorted(chosen), dtype=torch.long)
 
 
-def collate(examples: list[dict], sub_index: torch.Tensor, max_len: int) -> Batch:
-    """Examples (see train.data) -> a Batch. sub_index [V]: target id -> sub-vocabulary index or -1."""
+def data_layers(example: dict) -> tuple[int, ...]:
+    """The target layers whose outputs an example's features hold before the final-norm feature."""
+    return tuple(int(i) for i in example.get("layers", torch.empty(0)).tolist())
+
+
+def feature_columns(stored: tuple[int, ...], wanted: tuple[int, ...], d: int) -> torch.Tensor | None:
+    """Columns of features stored for layers `stored` that a head reading layers `wanted` takes
+    (None: all of them), or an error saying which data that head needs."""
+    if stored == wanted:
+        return None
+    if not set(wanted) <= set(stored):
+        raise InvalidRequestError(
+            f"the training data keeps the outputs of target layers {list(stored)}; a head reading layers "
+            f"{list(wanted)} needs data made with those layers (--feature-layers) in a new --data-dir")
+    slots = [stored.index(i) for i in wanted] + [len(stored)]  # the final-norm feature is always last
+    return torch.cat([torch.arange(s * d, (s + 1) * d) for s in slots])
+
+
+def collate(examples: list[dict], sub_index: torch.Tensor, max_len: int, layers: tuple[int, ...] = ()) -> Batch:
+    """Examples (see train.data) -> a Batch for a head reading target layers `layers`.
+    sub_index [V]: target id -> sub-vocabulary index or -1."""
     lengths = [min(int(e["ids"].shape[0]), max_len) - 2 for e in examples]  # pairs with a target: n - 2
     t = max(lengths)
-    b, d, k = len(examples), examples[0]["features"].shape[1], examples[0]["top_ids"].shape[1]
+    stored = data_layers(examples[0])
+    b, k = len(examples), examples[0]["top_ids"].shape[1]
+    d = examples[0]["features"].shape[1] // (len(stored) + 1)
     dev = examples[0]["features"].device  # built where the examples live (on a GPU: no per-step host copies)
+    columns = feature_columns(stored, tuple(layers), d)
+    columns = columns.to(dev) if columns is not None else None
     sub_index = sub_index.to(dev)
-    out = Batch(torch.zeros(b, t, d, device=dev), torch.zeros(b, t, dtype=torch.long, device=dev),
+    out = Batch(torch.zeros(b, t, (len(layers) + 1) * d, device=dev), torch.zeros(b, t, dtype=torch.long, device=dev),
                 torch.zeros(b, t, d, device=dev), torch.full((b, t, k), -1, dtype=torch.long, device=dev),
                 torch.zeros(b, t, k, device=dev), torch.zeros(b, t, dtype=torch.long, device=dev),
                 torch.zeros(b, t, dtype=torch.bool, device=dev))
     for row, (ex, m) in enumerate(zip(examples, lengths)):
-        ids, feats, start = ex["ids"].long(), ex["features"].float(), ex["start"]
-        out.feats[row, :m] = feats[:m]
+        ids, feats, start = ex["ids"].long(), ex["features"], ex["start"]
+        out.feats[row, :m] = (feats[:m] if columns is None else feats[:m, columns]).float()
         out.next_ids[row, :m] = ids[1:m + 1]
-        out.feat_targets[row, :m] = feats[1:m + 1]
+        out.feat_targets[row, :m] = feats[1:m + 1, -d:].float()
         first = max(start - 2, 0)  # pair i predicts t_{i+2}; probabilities exist for t_start onwards
         if first >= m:  # the prompt alone fills max_len: context only, nothing to learn
             continue
@@ -166,7 +196,7 @@ def evaluate(head: DraftHead, parts: TargetParts, lm_sub: torch.Tensor, examples
     sums = [0.0] * config.unroll
     for i in range(0, len(examples), config.batch_size):
         chunk = examples[i:i + config.batch_size]
-        batch = to_device(collate(chunk, sub_index, config.max_len), lm_sub.device)
+        batch = to_device(collate(chunk, sub_index, config.max_len, head.config.feature_layers), lm_sub.device)
         _, accs = head_loss(head, parts, lm_sub, batch, config)
         sums = [a + b * len(chunk) for a, b in zip(sums, accs)]
     head.train()
@@ -217,6 +247,10 @@ def load_examples(paths: list[Path], device: torch.device | str = "cpu") -> list
     examples = []
     for path in paths:
         examples += torch.load(path, weights_only=True, map_location=device)
+    kinds = {data_layers(e) for e in examples}
+    if len(kinds) > 1:
+        raise InvalidRequestError(f"the data shards mix features of different target layers {sorted(kinds)}: "
+                                  "keep each --feature-layers choice in its own --data-dir")
     return [e for e in examples if usable(e)]
 
 
@@ -247,7 +281,7 @@ def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], confi
     lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D]
     bar = tqdm(total=config.steps, initial=step, desc="train head", unit="step", disable=not progress)
     while step < min(config.steps, stop_at or config.steps):
-        batch = collate(draw_batch(train_set, step, config), sub_index, config.max_len)
+        batch = collate(draw_batch(train_set, step, config), sub_index, config.max_len, head_config.feature_layers)
         batch = to_device(batch, device)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
