@@ -10,7 +10,7 @@ from specdec.engine import Engine, GenerationConfig, Origin
 from specdec.errors import ModelLoadError
 from specdec.models.loader import LoadedModel
 from specdec.sampling import SamplingParams
-from specdec.train.trainer import TrainConfig, fit
+from specdec.train.trainer import TrainConfig, collate, fit, sub_vocab_index, unrolled_features
 from tests.conftest import tiny_llama
 from tests.test_engine_greedy import PROMPTS, plain_greedy
 from tests.test_exactness import HOT, WARPED, exact_joint, goodness_of_fit, sampled_joint
@@ -119,6 +119,59 @@ def test_head_learns_the_target(tiny_target, tmp_path):
     gen = engine.stream([7, 14, 21, 28], GenerationConfig(max_new_tokens=40, k=3))
     origins = {t.origin for t in gen}
     assert gen.stats.accepted > 0 and Origin.ACCEPTED in origins
+
+
+class RecordingHeadDrafter(HeadDrafter):
+    """Remembers each round's drafts with the context length they were drafted at."""
+
+    def propose(self, context, k, params, generator):
+        draft = super().propose(context, k, params, generator)
+        self.rounds.append((len(context), draft.tokens.tolist()))
+        return draft
+
+
+def drafts_checked_against_training(model, head: DraftHead, prompt: list[int], k: int) -> int:
+    """Generate with the head, then assert each draft equals the trainer's prediction on the final
+    text (see below); returns how many drafts were compared."""
+    parts = target_parts(model)
+    drafter = RecordingHeadDrafter(head, parts)
+    drafter.rounds = []
+    answer = Engine(model, drafter).generate(prompt, GenerationConfig(max_new_tokens=24, k=k)).token_ids
+    text = prompt + answer
+    model.reset()
+    _, feats = model.forward_with_hidden(torch.tensor(text[:-1]), head.config.feature_layers)
+    example = {"ids": torch.tensor(text), "features": feats, "start": len(prompt),
+               "top_ids": torch.tensor(answer)[:, None], "top_p": torch.ones(len(answer), 1),
+               "layers": torch.tensor(head.config.feature_layers)}
+    batch = collate([example], sub_vocab_index(head.vocab_ids, model.vocab_size, "cpu"), 1 << 10,
+                    head.config.feature_layers)
+    lm_sub = parts.lm_head[head.vocab_ids].float()
+    with torch.no_grad():
+        predicted = [head.vocab_ids[(h[0] @ lm_sub.T).argmax(-1)].tolist()
+                     for h in unrolled_features(head, parts, batch, k)]  # [step][pair]
+    checked = 0
+    for length, drafts in drafter.rounds:
+        for j, token in enumerate(drafts):
+            pair = length - 2 + j
+            if pair >= len(predicted[j]):
+                break
+            assert token == predicted[j][pair], (prompt, length, j)
+            checked += 1
+            if token != text[length + j]:
+                break
+    return checked
+
+
+@pytest.mark.parametrize("layers", [(), (0,)], ids=["eagle1", "fused"])
+def test_drafts_are_what_training_predicts(tiny_target, tmp_path, layers):
+    """In the engine, the head drafts exactly what the trainer's unrolled pass predicts on the same
+    text: draft j of a round at context length L is step j+1's prediction at pair L-2+j (while the
+    drafts before it were right). Catches any drift between the features, layers, tokens or
+    positions the head was trained on and those the engine hands it."""
+    head = train_head(tiny_target, draft_vocab=64, steps=60, tmp_path=tmp_path, layers=layers, lr=3e-3)
+    checked = sum(drafts_checked_against_training(tiny_target, head, prompt, k=3)
+                  for prompt in PROMPTS + [[7, 11, 13, 17, 19, 23], [3, 9, 27, 17, 51, 25, 11]])
+    assert checked >= 40
 
 
 @pytest.mark.parametrize("kind, params", [("head", HOT), ("lookup+head", WARPED)],

@@ -179,12 +179,34 @@ def test_cpu_matrix_computes_linear_in_every_layout(shape, single_row):
     m = CpuMatrix(w, single_row=single_row)
     # wide outputs read a transposed copy for one row; narrow ones keep [out, in]; 'packed' neither
     assert m.transposed == (single_row == "layout" and shape[0] >= shape[1])
-    for rows in (1, 4):
-        x = torch.randn(rows, shape[1], generator=gen)
-        torch.testing.assert_close(linear(x, m), torch.nn.functional.linear(x, w), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(linear(x, m, b), torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
+    for few_rows in (0, 3):  # rows 2..few_rows read [out, in] (tune_few_rows' choice)
+        m.plain, m.few_rows = w, few_rows
+        for rows in (1, 2, 4):
+            x = torch.randn(rows, shape[1], generator=gen)
+            torch.testing.assert_close(linear(x, m), torch.nn.functional.linear(x, w), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(linear(x, m, b), torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="single_row"):
         CpuMatrix(w, single_row="fast")
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_few_row_layout_is_chosen_by_timing_and_can_be_forced(monkeypatch):
+    """pack_for_cpu times F.linear on [out, in] against prepacked for short passes and keeps the
+    plain copies only when they are used; SPECDEC_CPU_FEW_ROWS forces the choice, and the logits of
+    short verify passes are the same (fp32 tolerance) whichever layout reads them."""
+    model = hf_model("llama-untied")
+    timed = NativeLlama.from_hf(model, "timed", max_length=64)
+    mats = [m for block in timed.net.layers for m in block.packed.values()] + [timed.net._packed_lm]
+    assert 0 <= timed.net.few_rows <= 8
+    assert all(m.few_rows == timed.net.few_rows and (m.plain is not None) == (m.few_rows > 0) for m in mats)
+    monkeypatch.setenv("SPECDEC_CPU_FEW_ROWS", "0")
+    packed = NativeLlama.from_hf(model, "packed", max_length=64)
+    monkeypatch.setenv("SPECDEC_CPU_FEW_ROWS", "4")
+    plain = NativeLlama.from_hf(model, "plain", max_length=64)
+    assert (packed.net.few_rows, plain.net.few_rows) == (0, 4)
+    assert plain.net.layers[0].packed["wqkv"].plain is not None and packed.net._packed_lm.plain is None
+    tokens = torch.randint(0, SMALL["vocab_size"], (16,), generator=torch.Generator().manual_seed(3))
+    assert_same_steps(packed, plain, tokens, [6, 2, 3, 4, 1])
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")

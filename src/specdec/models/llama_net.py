@@ -63,13 +63,16 @@ class CpuMatrix:
     gate/up 3072x576 17.4 against 10.3, q/k/v 960x576 13.2 against 9.6; the down projection
     576x1536 reads faster as it is (15.6 against 12.0), so narrower outputs keep [out, in].
     Several rows (a verify pass): prepacked for oneDNN (`multi_rows`), since PyTorch's GEMM
-    repacks the weight on every call and a 5-row x @ w_t read only 3-10 GB/s.
+    repacks the weight on every call and a 5-row x @ w_t read only 3-10 GB/s. For 2-4 rows the
+    faster layout depends on the CPU (on a 2-core Xeon with AVX-512, F.linear on [out, in] read 16-20
+    GB/s at 2-3 rows against 11-18 prepacked, and 9-14 against 12-18 at 5), so tune_few_rows times
+    both; with `few_rows` > 0, rows 2..few_rows go through F.linear on [out, in].
     Holding both layouts doubles the weight memory (LlamaNet.pack_for_cpu does it only up to
     SINGLE_ROW_COPY_BYTES); single_row="packed" keeps only the prepacked one (the layout before)."""
 
     SINGLE_ROW = ("layout", "packed")
 
-    def __init__(self, w: torch.Tensor, multi_rows: int = 5, single_row: str = "layout"):
+    def __init__(self, w: torch.Tensor, multi_rows: int = 5, single_row: str = "layout", keep_plain: bool = False):
         if single_row not in self.SINGLE_ROW:
             raise ValueError(f"single_row must be one of {self.SINGLE_ROW}, not {single_row!r}")
         w = w.detach()
@@ -77,13 +80,54 @@ class CpuMatrix:
         self.single_packed = single_row == "packed" and self.packed is not None
         self.transposed = w.shape[0] >= w.shape[1] and not self.single_packed
         self.one_row = None if self.single_packed else w.t().contiguous() if self.transposed else w
+        self.plain = w if keep_plain else None  # [out, in] for passes of 2..few_rows rows
+        self.few_rows = 0
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        if (x.shape[0] > 1 or self.single_packed) and self.packed is not None:
+        rows = x.shape[0]
+        if 1 < rows <= self.few_rows:
+            return F.linear(x, self.plain, b)
+        if (rows > 1 or self.single_packed) and self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, b, "none", [], "")
         if not self.transposed:
             return F.linear(x, self.one_row, b)
         return x @ self.one_row if b is None else torch.addmm(b, x, self.one_row)
+
+
+def tune_few_rows(matrices: list[CpuMatrix], max_rows: int = 8, repeats: int = 3) -> int:
+    """Time one pass over all `matrices` (a forward's worth of weight reads) at 2, 3, ... rows,
+    F.linear on [out, in] against prepacked; set and return few_rows = the largest row count up to
+    which F.linear was faster at every count (0: prepacked from 2 rows, and the plain copies are
+    dropped). Overridden by the environment variable SPECDEC_CPU_FEW_ROWS (for reproducible runs)."""
+    import os
+    import time
+
+    def pass_time(rows: int, plain: bool) -> float:
+        xs = {m.plain.shape[1]: torch.randn(rows, m.plain.shape[1]) for m in matrices}
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for m in matrices:
+                x = xs[m.plain.shape[1]]
+                F.linear(x, m.plain) if plain else torch.ops.mkldnn._linear_pointwise(x, m.packed, None, "none", [], "")
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    forced = os.environ.get("SPECDEC_CPU_FEW_ROWS")
+    few = 0
+    if forced is not None:
+        few = int(forced)
+    elif all(m.plain is not None and m.packed is not None for m in matrices):
+        pass_time(2, True), pass_time(2, False)  # warm-up
+        for rows in range(2, max_rows + 1):
+            if pass_time(rows, True) >= pass_time(rows, False):
+                break
+            few = rows
+    for m in matrices:
+        m.few_rows = few if m.plain is not None else 0
+        if not m.few_rows:
+            m.plain = None
+    return few
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -173,6 +217,7 @@ class LlamaNet(nn.Module):
         self.register_buffer("cos", torch.empty(slots, arch.head_dim), persistent=False)  # [S, hd]
         self.register_buffer("sin", torch.empty(slots, arch.head_dim), persistent=False)
         self._packed_lm: CpuMatrix | None = None  # the LM head, by pack_for_cpu
+        self.few_rows = 0  # passes of 2..few_rows rows read [out, in] (pack_for_cpu times it)
         self.layer_fn = layer_step  # replaced by a compiled version for CUDA graphs
         # True: fixed-shape steps attend with plain matmuls, 10-15% faster per step on an H200 than
         # SDPA with a mask (benchmarks/gpu_variants.py), but the matmul kernels change with the
@@ -199,20 +244,22 @@ class LlamaNet(nn.Module):
 
     @torch.no_grad()
     def pack_for_cpu(self, single_row: str | None = None) -> None:
-        """Hold every matrix as a CpuMatrix (fp32 on a CPU: a single-row layout and a oneDNN-prepacked
-        one). The layer parameters are then emptied (the CpuMatrix holds what is needed); the embedding
+        """Hold every matrix as a CpuMatrix (fp32 on a CPU: a single-row layout, a oneDNN-prepacked
+        one, and [out, in] for passes of 2..few_rows rows when timing finds that faster here). The layer parameters are then emptied (the CpuMatrix holds what is needed); the embedding
         stays plain for lookups and the head drafter. single_row None: the faster single-row layout
         while its second copy of the matrices stays under SINGLE_ROW_COPY_BYTES, else steps of one
         row read the prepacked matrices too (a large model on a CPU keeps one copy)."""
+        matrices = [getattr(block, name).weight for block in self.layers for name in ("wqkv", "wo", "w13", "w2")]
+        size = sum(w.numel() * w.element_size() for w in matrices + [self.lm_weight()])
         if single_row is None:
-            matrices = [getattr(block, name).weight for block in self.layers for name in ("wqkv", "wo", "w13", "w2")]
-            size = sum(w.numel() * w.element_size() for w in matrices + [self.lm_weight()])
             single_row = "layout" if size <= SINGLE_ROW_COPY_BYTES else "packed"
+        keep_plain = single_row == "layout" and 2 * size <= SINGLE_ROW_COPY_BYTES  # room for a third layout
         for block in self.layers:
             for name in ("wqkv", "wo", "w13", "w2"):
-                block.packed[name] = CpuMatrix(getattr(block, name).weight, single_row=single_row)
+                block.packed[name] = CpuMatrix(getattr(block, name).weight, single_row=single_row, keep_plain=keep_plain)
                 getattr(block, name).weight = nn.Parameter(torch.empty(0), requires_grad=False)
-        self._packed_lm = CpuMatrix(self.lm_weight(), single_row=single_row)
+        self._packed_lm = CpuMatrix(self.lm_weight(), single_row=single_row, keep_plain=keep_plain)
+        self.few_rows = tune_few_rows([m for block in self.layers for m in block.packed.values()] + [self._packed_lm])
 
     def _run(self, tokens, pos, mask, kv_len, layer_fn, math_attention, norm_fn=rms_norm,
              lm_fn=linear, capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
