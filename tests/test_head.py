@@ -272,3 +272,32 @@ def test_head_for_another_target_is_refused(head_path):
     other = tiny_llama(5, layers=1, hidden=16, vocab=64)
     with pytest.raises(ModelLoadError, match="train a head for this target"):
         head_drafter(other, head_path)
+
+
+def test_head_for_layers_the_target_lacks_is_refused(tiny_target, tmp_path):
+    """A head that reads layer 5 of a 2-layer target is refused when it is loaded, naming the head."""
+    from dataclasses import replace
+
+    from specdec.drafters.head import load_head_drafter
+
+    config = replace(config_for_target(tiny_target, 48), feature_layers=(5,))
+    DraftHead(config).save(tmp_path / "deep.safetensors")
+    with pytest.raises(ModelLoadError, match=r"reads target layers \[5\].*2 layers"):
+        load_head_drafter(str(tmp_path / "deep.safetensors"), tiny_target)
+
+
+def test_fused_head_refuses_features_without_its_layers(tiny_target, fused_head_path):
+    drafter = head_drafter(tiny_target, fused_head_path)
+    tiny_target.reset()
+    _, last_only = tiny_target.forward_with_hidden(torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="reads 64 feature columns"):
+        drafter.observe(last_only)
+
+
+def test_resuming_a_checkpoint_of_other_feature_layers_is_refused(tiny_target, tmp_path):
+    """The checkpoint's path depends only on --out: a run asking for other layers must not load it."""
+    from specdec.errors import InvalidRequestError
+
+    train_head(tiny_target, draft_vocab=48, steps=2, tmp_path=tmp_path, layers=())
+    with pytest.raises(InvalidRequestError, match=r"different head \(feature layers \[\].*feature layers \[0\]"):
+        train_head(tiny_target, draft_vocab=48, steps=2, tmp_path=tmp_path, layers=(0,))

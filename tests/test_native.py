@@ -210,6 +210,22 @@ def test_few_row_layout_is_chosen_by_timing_and_can_be_forced(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_few_rows_reports_what_it_applied_and_checks_the_override(monkeypatch):
+    from specdec.models.llama_net import CpuMatrix, tune_few_rows
+
+    w = torch.randn(48, 16)
+    monkeypatch.setenv("SPECDEC_CPU_FEW_ROWS", "4")
+    packed_only = CpuMatrix(w, single_row="packed")  # no [out, in] copy kept: nothing to apply
+    assert tune_few_rows([packed_only]) == 0 and packed_only.few_rows == 0
+    kept = CpuMatrix(w, keep_plain=True)
+    assert tune_few_rows([kept]) == 4 and kept.few_rows == 4 and kept.plain is not None
+    for bad in ("-1", "auto"):
+        monkeypatch.setenv("SPECDEC_CPU_FEW_ROWS", bad)
+        with pytest.raises(ValueError, match="SPECDEC_CPU_FEW_ROWS must be a whole number"):
+            tune_few_rows([CpuMatrix(w, keep_plain=True)])
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
 def test_large_models_keep_one_copy_on_a_cpu(monkeypatch):
     """The single-row copies are made only while they are small; otherwise every step reads the
     prepacked matrices, and the logits are the same either way (within fp32 tolerance)."""

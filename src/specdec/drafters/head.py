@@ -269,6 +269,9 @@ class HeadDrafter(Drafter):
         self._true_pairs = 0  # cache entries built from true features (pairs 0.._true_pairs-1)
 
     def observe(self, features: torch.Tensor) -> None:
+        if features.shape[-1] != self.c.feature_width:  # e.g. a fused head handed the last feature alone
+            raise ValueError(f"this draft head reads {self.c.feature_width} feature columns (target layers "
+                             f"{list(self.c.feature_layers)} and the last); got {features.shape[-1]}")
         self._feats.append(features.detach().float())
         self._num_feats += int(features.shape[0])
 
@@ -340,5 +343,18 @@ class HeadDrafter(Drafter):
 def load_head_drafter(path: str, target_model, name: str | None = None, min_confidence: float = 0.0) -> HeadDrafter:
     """A HeadDrafter for `path` on a target backend (CausalLM)."""
     head = DraftHead.load(path, device=target_model.device)
+    layers, n_layers = head.config.feature_layers, _num_layers(target_model)
+    if layers and n_layers is not None and max(layers) > n_layers - 2:
+        raise ModelLoadError(f"the draft head {path} reads target layers {list(layers)}, but the target has "
+                             f"{n_layers} layers: train a head for this target")
     return HeadDrafter(head, target_parts(target_model), max_length=min(target_model.max_length, 1 << 15),
                        name=name or f"head:{path}", min_confidence=min_confidence)
+
+
+def _num_layers(target_model) -> int | None:
+    """The target's decoder-layer count (native or Hugging Face backend), None when unknown."""
+    net = getattr(target_model, "net", None)
+    if net is not None and hasattr(net, "layers"):
+        return len(net.layers)
+    config = getattr(getattr(target_model, "model", target_model), "config", None)
+    return getattr(config, "num_hidden_layers", None)

@@ -116,6 +116,9 @@ def tune_few_rows(matrices: list[CpuMatrix], max_rows: int = 8, repeats: int = 3
     forced = os.environ.get("SPECDEC_CPU_FEW_ROWS")
     few = 0
     if forced is not None:
+        if not forced.isdigit():
+            raise ValueError(f"SPECDEC_CPU_FEW_ROWS must be a whole number >= 0 (rows read as [out, in]), "
+                             f"got {forced!r}")
         few = int(forced)
     elif all(m.plain is not None and m.packed is not None for m in matrices):
         pass_time(2, True), pass_time(2, False)  # warm-up
@@ -127,7 +130,7 @@ def tune_few_rows(matrices: list[CpuMatrix], max_rows: int = 8, repeats: int = 3
         m.few_rows = few if m.plain is not None else 0
         if not m.few_rows:
             m.plain = None
-    return few
+    return max((m.few_rows for m in matrices), default=0)  # what was applied (0 without plain copies)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

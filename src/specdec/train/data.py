@@ -226,7 +226,7 @@ def _example(prompt: list[int], width: int, answer: torch.Tensor, feats: torch.T
     ids = prompt + answer
     return {  # on the CPU, so that shards load anywhere (load_examples moves them)
         "ids": torch.tensor(ids, dtype=torch.int32),
-        "features": feats[pad:pad + len(ids) - 1].cpu().clone(),  # [n-1, D]
+        "features": feats[pad:pad + len(ids) - 1].cpu().clone(),  # [n-1, W]
         "start": len(prompt),
         "top_ids": top_ids[:length].cpu().clone(),
         "top_p": top_p[:length].cpu().clone(),

@@ -49,7 +49,7 @@ class TrainConfig:
 class Batch:
     """Right-padded pairs: pair i reads (f_i, t_{i+1}) and predicts f_{i+1} and t_{i+2}."""
 
-    feats: torch.Tensor  # [B, T, D] target features f_i
+    feats: torch.Tensor  # [B, T, W] target features f_i (W = (len(layers) + 1) * D)
     next_ids: torch.Tensor  # [B, T] t_{i+1}
     feat_targets: torch.Tensor  # [B, T, D] f_{i+1}
     top_sub: torch.Tensor  # [B, T, k] sub-vocabulary index of the target's top-k next tokens (-1: outside)
@@ -273,6 +273,13 @@ def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], confi
     step, history = 0, []
     if ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False, map_location=device)
+        saved = HeadConfig(**state["head_config"])
+        if saved != head_config:  # e.g. other feature layers: its weights would not fit (or, worse, would)
+            raise InvalidRequestError(
+                f"the checkpoint {ckpt_path} is of a different head (feature layers {list(saved.feature_layers)}, "
+                f"draft vocabulary {saved.draft_vocab}) than this run asks for (feature layers "
+                f"{list(head_config.feature_layers)}, draft vocabulary {head_config.draft_vocab}): delete it "
+                "to start over, or pass another --out")
         head.load_state_dict(state["head"])
         optimizer.load_state_dict(state["optimizer"])
         step, history = state["step"], state["history"]
