@@ -35,8 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from specdec.commands.train_draft import feature_layers  # noqa: E402
-from specdec.drafters.head import config_for_target, target_parts  # noqa: E402
+from specdec.drafters.head import config_for_target, parse_feature_layers, target_parts  # noqa: E402
 from specdec.models.loader import load_model  # noqa: E402
 from specdec.train.data import DataConfig, build_dataset  # noqa: E402
 from specdec.train.pipeline import train_draft  # noqa: E402
@@ -82,8 +81,8 @@ def main() -> int:
     target = load_model(args.target, device=args.device, dtype="fp32", backend="hf")
     hf = target.model.model
     n_layers = hf.config.num_hidden_layers
-    layers = feature_layers(args.feature_layers, n_layers)
-    head_layers = layers if args.head_layers is None else feature_layers(args.head_layers, n_layers)
+    layers = parse_feature_layers(args.feature_layers, n_layers)
+    head_layers = layers if args.head_layers is None else parse_feature_layers(args.head_layers, n_layers)
     print(f"[{clock():.0f}s] target loaded on {args.device}; data keeps layers {layers}, the head reads "
           f"{head_layers}", flush=True)
 

@@ -51,6 +51,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from specdec.drafters.head import parse_feature_layers
     from specdec.models.loader import load_model
     from specdec.train.data import DataConfig
     from specdec.train.pipeline import default_data_dir, train_draft
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_model(args.target, device=args.device, dtype=args.dtype, backend="hf")  # needs HF generate()
-    layers = feature_layers(args.feature_layers, target.model.model.config.num_hidden_layers)
+    layers = parse_feature_layers(args.feature_layers, target.model.model.config.num_hidden_layers)
     data_config = DataConfig(num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                              batch_size=args.gen_batch, top_k=args.top_k_probs, seed=args.seed,
                              source_texts=args.source_texts, followups=args.followups, feature_layers=layers)
@@ -74,18 +75,3 @@ def run(args: argparse.Namespace) -> int:
                       "val_greedy_agreement": last.get("val_greedy_agreement")}))
     return 0
 
-
-def feature_layers(spec: str, n_layers: int) -> tuple[int, ...]:
-    """--feature-layers: `auto`, `none` or comma-separated layer indices -> checked indices."""
-    from specdec.drafters.head import auto_feature_layers
-    from specdec.models.base import check_feature_layers
-
-    if spec == "none":
-        return ()
-    if spec == "auto":
-        return auto_feature_layers(n_layers)
-    try:
-        layers = tuple(int(part) for part in spec.split(","))
-    except ValueError:
-        raise ValueError(f"--feature-layers takes `auto`, `none` or comma-separated layer indices, not {spec!r}") from None
-    return check_feature_layers(layers, n_layers)

@@ -89,12 +89,12 @@ def target_parts(model) -> TargetParts:
 
 
 def config_for_target(model, draft_vocab: int, feature_layers: tuple[int, ...] | str = ()) -> HeadConfig:
-    """A head shaped like one decoder layer of the target. feature_layers: layer indices, or "auto"
-    for a low, a middle and a high layer, as EAGLE-3 fuses them."""
+    """A head shaped like one decoder layer of the target. feature_layers: layer indices, or a
+    choice as --feature-layers takes it (parse_feature_layers)."""
     c = getattr(model, "model", model).config
     rope = getattr(c, "rope_parameters", None) or {}
-    if feature_layers == "auto":
-        feature_layers = auto_feature_layers(c.num_hidden_layers)
+    if isinstance(feature_layers, str):
+        feature_layers = parse_feature_layers(feature_layers, c.num_hidden_layers)
     return HeadConfig(hidden=c.hidden_size, num_heads=c.num_attention_heads,
                       num_kv_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
                       intermediate=c.intermediate_size, vocab_size=c.vocab_size, draft_vocab=draft_vocab,
@@ -106,6 +106,19 @@ def config_for_target(model, draft_vocab: int, feature_layers: tuple[int, ...] |
 def auto_feature_layers(n_layers: int) -> tuple[int, ...]:
     """A low, a middle and a high layer (the last layer's features always come too)."""
     return tuple(sorted({min(2, n_layers - 2), n_layers // 2, n_layers - 3} & set(range(n_layers - 1))))
+
+
+def parse_feature_layers(spec: str, n_layers: int) -> tuple[int, ...]:
+    """--feature-layers: `auto`, `none` or comma-separated layer indices -> checked indices."""
+    if spec == "none":
+        return ()
+    if spec == "auto":
+        return auto_feature_layers(n_layers)
+    try:
+        layers = tuple(int(part) for part in spec.split(","))
+    except ValueError:
+        raise ValueError(f"--feature-layers takes `auto`, `none` or comma-separated layer indices, not {spec!r}") from None
+    return check_feature_layers(layers, n_layers)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -344,9 +357,12 @@ def load_head_drafter(path: str, target_model, name: str | None = None, min_conf
     """A HeadDrafter for `path` on a target backend (CausalLM)."""
     head = DraftHead.load(path, device=target_model.device)
     layers, n_layers = head.config.feature_layers, _num_layers(target_model)
-    if layers and n_layers is not None and max(layers) > n_layers - 2:
-        raise ModelLoadError(f"the draft head {path} reads target layers {list(layers)}, but the target has "
-                             f"{n_layers} layers: train a head for this target")
+    if layers and n_layers is not None:
+        try:
+            check_feature_layers(layers, n_layers)
+        except ValueError:
+            raise ModelLoadError(f"the draft head {path} reads target layers {list(layers)}, but the target has "
+                                 f"{n_layers} layers: train a head for this target") from None
     return HeadDrafter(head, target_parts(target_model), max_length=min(target_model.max_length, 1 << 15),
                        name=name or f"head:{path}", min_confidence=min_confidence)
 

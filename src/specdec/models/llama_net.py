@@ -248,7 +248,8 @@ class LlamaNet(nn.Module):
     @torch.no_grad()
     def pack_for_cpu(self, single_row: str | None = None) -> None:
         """Hold every matrix as a CpuMatrix (fp32 on a CPU: a single-row layout, a oneDNN-prepacked
-        one, and [out, in] for passes of 2..few_rows rows when timing finds that faster here). The layer parameters are then emptied (the CpuMatrix holds what is needed); the embedding
+        one, and [out, in] for passes of 2..few_rows rows when timing finds that faster here). The
+        layer parameters are then emptied (the CpuMatrix holds what is needed); the embedding
         stays plain for lookups and the head drafter. single_row None: the faster single-row layout
         while its second copy of the matrices stays under SINGLE_ROW_COPY_BYTES, else steps of one
         row read the prepacked matrices too (a large model on a CPU keeps one copy)."""
