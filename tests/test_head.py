@@ -252,8 +252,15 @@ def test_registry_builds_head_and_combined(tiny_target, head_path):
     assert with_confidence.head.min_confidence == 0.25 and with_confidence.head_max is None
     assert make_drafter(f"head:{head_path}", loaded).min_confidence == 0.0
     assert isinstance(make_drafter("auto", loaded), LookupDrafter)  # no shipped head for this target
+    assert make_drafter(f"lookup+head:{head_path}", loaded).head_max == 2  # fp32 on a CPU: rows are dear
     with pytest.raises(ModelLoadError, match="not found"):
         make_drafter("head:/nonexistent/head.safetensors", loaded)
+
+
+def test_head_drafts_full_rounds_where_verify_rows_are_cheap(tiny_target, head_path, monkeypatch):
+    monkeypatch.setattr(type(tiny_target), "cheap_verify_rows", property(lambda self: True))
+    loaded = LoadedModel(tiny_target, tokenizer=None, name="tiny")
+    assert make_drafter(f"lookup+head:{head_path}", loaded).head_max is None
 
 
 def test_min_confidence_suffix_parsing(tmp_path):

@@ -148,17 +148,25 @@ def test_embedded_default_matches_transformers():
     assert_same_steps(loaded.model, native, tokens, [len(tokens) - 3, 1, 2])
 
 
-def test_backend_choice():
+def test_backend_choice(monkeypatch):
     from transformers import GPT2LMHeadModel
 
     from specdec.errors import ModelLoadError
+    from specdec.models import llama_net
     from specdec.models.loader import load_model, wrap_backend
 
     model = hf_model("llama-tied")
     assert isinstance(wrap_backend(model, "x", "native"), NativeLlama)
     auto = wrap_backend(model, "x", "auto")  # fp32 on a CPU with oneDNN: native, prepacked
     assert isinstance(auto, NativeLlama) and auto.net.layers[0].packed and auto.model is model
-    assert isinstance(wrap_backend(model.to(torch.bfloat16), "x", "auto"), HFCausalLM)  # no packing in bf16
+    # bf16 on a CPU: native where the CPU multiplies bf16 in hardware, else transformers.
+    monkeypatch.setattr(llama_net, "has_bf16_units", lambda: False)
+    assert isinstance(wrap_backend(model.to(torch.bfloat16), "x", "auto"), HFCausalLM)
+    if llama_net.can_pack(torch.bfloat16):
+        monkeypatch.setattr(llama_net, "has_bf16_units", lambda: True)
+        auto = wrap_backend(model, "x", "auto")
+        assert isinstance(auto, NativeLlama) and auto.net.layers[0].packed["w13"].packed.dtype == torch.bfloat16
+    model.float()
     assert isinstance(wrap_backend(model, "x", "hf"), HFCausalLM)
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
     assert isinstance(wrap_backend(gpt2, "g", "auto"), HFCausalLM)

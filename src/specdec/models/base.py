@@ -47,6 +47,13 @@ class CausalLM(ABC):
         """
         self.forward(tokens)
 
+    @property
+    def cheap_verify_rows(self) -> bool:
+        """Whether a verify pass of a few rows costs about one single-token step here (a GPU, or
+        bf16 matrices on a CPU with bf16 units); on other CPUs every drafted row costs more, and
+        drafters draft fewer tokens a round there."""
+        return self.device.type != "cpu"
+
     def reset(self) -> None:
         self.rollback(0)
 

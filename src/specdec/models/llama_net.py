@@ -41,20 +41,41 @@ def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
     return F.linear(x, w, b)
 
 
-def can_pack() -> bool:
-    return torch.backends.mkldnn.is_available()
+def can_pack(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether oneDNN can hold CPU matrices of `dtype` prepacked (fp32; bf16 where oneDNN supports it)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def has_bf16_units() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX-512 BF16 or AMX tiles). There a prepacked
+    bf16 pass of 1 to 16 rows costs about the same (docs/gpu.md), so the native backend runs bf16
+    targets too; elsewhere oneDNN emulates bf16 and the generic backend is left to them."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def packs_on_cpu(dtype: torch.dtype) -> bool:
+    """Whether the native backend prepacks (and so runs fast) a CPU model of `dtype`."""
+    return can_pack(dtype) and (dtype == torch.float32 or has_bf16_units())
 
 
 def pack_weight(w: torch.Tensor, rows: int = 5) -> torch.Tensor:
-    """A CPU fp32 weight [out, in] reordered once into oneDNN's blocked layout, tuned for `rows` rows."""
+    """A CPU weight [out, in] (fp32 or bf16) reordered once into oneDNN's blocked layout, tuned for `rows` rows."""
     return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
 
 
 SINGLE_ROW_COPY_BYTES = 2 << 30  # the most memory the single-row copies of pack_for_cpu may take
+ATTN_SPAN = 128  # eager steps attend over whole blocks of this many cache slots (forward_eager)
+BF16_PACK_ROWS = 8  # oneDNN's row hint for bf16 matrices: 1-16 rows then cost the same (hint 1 was 40% slower)
 
 
 class CpuMatrix:
-    """An fp32 weight [out, in] on a CPU, held in the layout each row count reads fastest.
+    """A weight [out, in] on a CPU, held in the layout each row count reads fastest.
+
+    bf16 (pack_for_cpu on a CPU with bf16 units): prepacked alone, for every row count. The rest
+    of this note is about fp32.
 
     One row (every decode step): transposed, [in, out], when the output is at least as wide as the
     input: x @ w_t is a broadcast multiply-add into the whole output row, where F.linear on [out, in]
@@ -248,21 +269,24 @@ class LlamaNet(nn.Module):
     @torch.no_grad()
     def pack_for_cpu(self, single_row: str | None = None) -> None:
         """Hold every matrix as a CpuMatrix (fp32 on a CPU: a single-row layout, a oneDNN-prepacked
-        one, and [out, in] for passes of 2..few_rows rows when timing finds that faster here). The
+        one, and [out, in] for passes of 2..few_rows rows when timing finds that faster here; bf16:
+        the prepacked one alone, which reads 1-16 rows in about the same time). The
         layer parameters are then emptied (the CpuMatrix holds what is needed); the embedding
         stays plain for lookups and the head drafter. single_row None: the faster single-row layout
         while its second copy of the matrices stays under SINGLE_ROW_COPY_BYTES, else steps of one
         row read the prepacked matrices too (a large model on a CPU keeps one copy)."""
         matrices = [getattr(block, name).weight for block in self.layers for name in ("wqkv", "wo", "w13", "w2")]
         size = sum(w.numel() * w.element_size() for w in matrices + [self.lm_weight()])
+        bf16 = self.lm_weight().dtype == torch.bfloat16
         if single_row is None:
-            single_row = "layout" if size <= SINGLE_ROW_COPY_BYTES else "packed"
+            single_row = "layout" if size <= SINGLE_ROW_COPY_BYTES and not bf16 else "packed"
         keep_plain = single_row == "layout" and 2 * size <= SINGLE_ROW_COPY_BYTES  # room for a third layout
+        options = dict(single_row=single_row, keep_plain=keep_plain, multi_rows=BF16_PACK_ROWS if bf16 else 5)
         for block in self.layers:
             for name in ("wqkv", "wo", "w13", "w2"):
-                block.packed[name] = CpuMatrix(getattr(block, name).weight, single_row=single_row, keep_plain=keep_plain)
+                block.packed[name] = CpuMatrix(getattr(block, name).weight, **options)
                 getattr(block, name).weight = nn.Parameter(torch.empty(0), requires_grad=False)
-        self._packed_lm = CpuMatrix(self.lm_weight(), single_row=single_row, keep_plain=keep_plain)
+        self._packed_lm = CpuMatrix(self.lm_weight(), **options)
         self.few_rows = tune_few_rows([m for block in self.layers for m in block.packed.values()] + [self._packed_lm])
 
     def _run(self, tokens, pos, mask, kv_len, layer_fn, math_attention, norm_fn=rms_norm,
@@ -285,15 +309,18 @@ class LlamaNet(nn.Module):
 
     def forward_eager(self, tokens: torch.Tensor, start: int,
                       capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [n] at positions start..start+n-1; attends only to the first start+n slots.
-        capture: layers whose outputs come before the final-norm features (see _run)."""
+        """tokens [n] at positions start..start+n-1; each sees the slots up to its own position.
+        capture: layers whose outputs come before the final-norm features (see _run).
+
+        Attention always runs with a mask over whole blocks of ATTN_SPAN slots: SDPA then reduces
+        over the slots in the same way for a token whether it comes alone or inside a verify pass
+        (over exactly start+n slots, without a mask for one token, a CPU's results differed in the
+        last bits, enough to flip bf16 near-ties); the masked slots add exact zeros."""
         n = tokens.shape[0]
-        kv_len = start + n
-        pos = self.slot_ids[start:kv_len]
-        mask = None
-        if n > 1:  # causal within the new tokens; everything cached before them is visible
-            mask = self._additive_mask(pos, self.slot_ids[:kv_len])
-        return self._run(tokens, pos, mask, kv_len, layer_step, False, capture=capture)
+        span = min(self.slots, -(-(start + n) // ATTN_SPAN) * ATTN_SPAN)
+        pos = self.slot_ids[start:start + n]
+        mask = self._additive_mask(pos, self.slot_ids[:span])
+        return self._run(tokens, pos, mask, span, layer_step, False, capture=capture)
 
     def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, fused: bool = False,
                        capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:

@@ -111,11 +111,11 @@ def load_model(name: str, device: str | None = None, dtype: str | None = None, b
 def wrap_backend(hf, name: str, backend: str = "auto") -> CausalLM:
     """The native backend for supported Llama-family models (unless `hf` is asked for), else HFCausalLM."""
     from specdec.models.llama_config import unsupported_reason
-    from specdec.models.llama_net import can_pack
+    from specdec.models.llama_net import packs_on_cpu
 
     reason = unsupported_reason(hf.config)
     if backend == "auto":
-        fast_here = hf.device.type == "cuda" or (hf.dtype == torch.float32 and can_pack())
+        fast_here = hf.device.type == "cuda" or packs_on_cpu(hf.dtype)
         backend = "native" if fast_here and not reason else "hf"
     if backend == "hf":
         return HFCausalLM(hf, name)

@@ -33,10 +33,10 @@ from specdec.models.llama_config import LlamaArch, arch_from_hf, named_arch
 from specdec.models.llama_net import (
     LlamaNet,
     build_net,
-    can_pack,
     init_random,
     layer_step,
     load_hf_state,
+    packs_on_cpu,
 )
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,8 @@ class NativeLlama(CausalLM):
                 **options) -> "NativeLlama":
         """Take the weights of a loaded transformers model.
 
-        On a CPU the matrices are prepacked for oneDNN (fp32; `pack=False` keeps them plain), and the
+        On a CPU the matrices are prepacked for oneDNN (fp32, and bf16 on a CPU with bf16 units;
+        `pack=False` keeps them plain), and the
         transformers model is kept as `.model` (sharing its embedding table) for what only it does:
         generate() baselines, training data, the self-quantized drafters, as the hf backend exposes
         it. On a GPU it can be dropped (no second copy there).
@@ -120,7 +121,7 @@ class NativeLlama(CausalLM):
         model = cls(net, name, max_length, **options)
         if model.device.type == "cpu":
             net.embed.weight = weight  # the kept model's own table: no second copy
-            if pack is not False and weight.dtype == torch.float32 and can_pack() and not model.fused_kernels:
+            if pack is not False and packs_on_cpu(weight.dtype) and not model.fused_kernels:
                 net.pack_for_cpu()
             model.model = hf_model
         return model
@@ -139,6 +140,12 @@ class NativeLlama(CausalLM):
     @property
     def cache_len(self) -> int:
         return self._len
+
+    @property
+    def cheap_verify_rows(self) -> bool:
+        """On a CPU: with bf16 matrices prepacked (pack_for_cpu), 1-16 rows cost about the same."""
+        packed = self.net._packed_lm
+        return self.device.type != "cpu" or (packed is not None and packed.packed.dtype == torch.bfloat16)
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self._len:

@@ -1,6 +1,6 @@
 """Measure drafters side by side on Spec-Bench questions (greedy or sampled): tau, alpha, speedup.
 
-    python -m specdec.train.measure --drafts lookup,head:PATH,lookup+head:PATH --per-category 1 -k 5 --temperature 1
+    python -m specdec.train.measure --drafts lookup,head:PATH,lookup+head:PATH --per-category 1 -k 5 --temperature 1 [--dtype bf16]
 
 Every drafter and plain decoding (draft `none`) run the same prompts through the same engine and
 target, in rotating order per prompt, so that load changes on a shared machine hit all alike.
@@ -63,13 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--categories", default=None)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: fp32 on a CPU)")
     p.add_argument("--out", default=None, help="JSON file for the results")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from specdec.models.loader import load_model
 
-    target = load_model(args.target)
+    target = load_model(args.target, dtype=args.dtype)
     questions = load_questions(str(QUESTIONS), args.per_category, args.categories)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k,
                               sampling=SamplingParams(temperature=args.temperature, seed=0))
