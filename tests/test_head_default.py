@@ -6,6 +6,7 @@ import torch
 from specdec.drafters import NoDrafter, make_drafter
 from specdec.drafters.combined import LookupThenHead, default_head_path
 from specdec.engine import GenerationConfig
+from specdec.models.llama_net import packs_on_cpu
 from specdec.runtime import build_runtime
 
 pytestmark = [pytest.mark.slow,
@@ -47,3 +48,19 @@ def test_auto_samples_with_the_head_alone_one_token_a_round(runtime):
     assert sampled.stats.drafted > 0 and len([n for n in sampled.stats.drafted_per_position if n]) == 1
     greedy = runtime.engine.generate(ids, GenerationConfig(max_new_tokens=16, k=4))
     assert len([n for n in greedy.stats.drafted_per_position if n]) > 1  # lookup copied the repeated text
+
+
+@pytest.mark.skipif(not packs_on_cpu(torch.bfloat16), reason="this CPU has no bf16 units")
+def test_bf16_on_a_cpu_with_bf16_units_drafts_more_and_stays_exact():
+    """Verify rows are nearly free there: `auto` drives the head without the fp32 caps, and the
+    bf16 native path's greedy output is plain decoding's, token for token."""
+    bf16 = build_runtime("default", "auto", device="cpu", dtype="bf16")
+    assert bf16.target.model.cheap_verify_rows
+    assert bf16.drafter.head_max is None and bf16.drafter.sampled == (False, 3)
+    plain = bf16.with_drafter(NoDrafter(torch.device("cpu")))
+    config = GenerationConfig(max_new_tokens=48, k=4)
+    for prompt in PROMPTS:
+        ids = bf16.encode(prompt)
+        gen = bf16.engine.generate(ids, config)
+        assert gen.token_ids == plain.engine.generate(ids, config).token_ids
+        assert max(i for i, n in enumerate(gen.stats.drafted_per_position) if n) >= 2  # 3+ drafts in a round

@@ -25,3 +25,16 @@ def test_summary_per_category_and_overall():
     assert out["lookup"]["all"]["alpha"] == pytest.approx(11 / 22)
     assert out["lookup"]["all"]["speedup"] == pytest.approx((3.0 / 20) / (1.5 / 20))
     assert out["none"]["all"]["speedup"] == pytest.approx(1.0)
+
+
+def test_a_draft_can_name_its_own_k():
+    from specdec.engine import GenerationConfig
+    from specdec.train.measure import split_k
+
+    config = GenerationConfig(max_new_tokens=8, k=4)
+    assert split_k("head:x.safetensors", config) == ("head:x.safetensors", config)
+    spec, at_two = split_k("lookup+head:x.safetensors:0.2@2", config)
+    assert spec == "lookup+head:x.safetensors:0.2" and at_two.k == 2 and at_two.max_new_tokens == 8
+    for bad in ("head:x@0", "head:x@two"):
+        with pytest.raises(ValueError, match="after @"):
+            split_k(bad, config)

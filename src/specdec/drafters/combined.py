@@ -109,14 +109,24 @@ def _combined(target, arg: str, name: str | None = None, sampled: tuple[bool, in
 # 1.03x) and the head's first draft 0.43 of the time, its second less: on a CPU, head K=1 read 1.21x
 # where lookup+head at K=4 (head at most 2) read 1.12x (docs/draft-head.md). So `auto`, when
 # sampling, drafts with the head alone, one token a round where verify rows are dear. In bf16 on a
-# CPU with bf16 units (rows nearly free), head K=3 at T=1 read 1.32x against 1.21x for one token.
+# CPU with bf16 units (rows nearly free) the head at T=1 read 1.30x / 1.31x / 1.34x / 1.25x at
+# K = 1 / 2 / 3 / 4 (one run, Spec-Bench, 1 question per category): at most 3 there.
+CPU_SAMPLED_HEAD_MAX = 3
+
+
+def _sampled_head_max(target) -> int | None:
+    if not target.model.cheap_verify_rows:
+        return 1
+    return CPU_SAMPLED_HEAD_MAX if target.model.device.type == "cpu" else None
+
+
 def _auto(target) -> Drafter:
     """lookup+head with the shipped head when the target is the embedded default, else prompt lookup."""
     from specdec.models.default import DISPLAY_NAME
 
     path = default_head_path()
     if target.name == DISPLAY_NAME and path is not None:
-        sampled = (False, None if target.model.cheap_verify_rows else 1)
+        sampled = (False, _sampled_head_max(target))
         return _combined(target, str(path), name="lookup+head", sampled=sampled)
     return LookupDrafter(target.model.device)
 

@@ -1,6 +1,7 @@
 """Measure drafters side by side on Spec-Bench questions (greedy or sampled): tau, alpha, speedup.
 
     python -m specdec.train.measure --drafts lookup,head:PATH,lookup+head:PATH --per-category 1 -k 5 --temperature 1 [--dtype bf16]
+    python -m specdec.train.measure --drafts head:PATH@1,head:PATH@3 ...   # one drafter at two K
 
 Every drafter and plain decoding (draft `none`) run the same prompts through the same engine and
 target, in rotating order per prompt, so that load changes on a shared machine hit all alike.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,16 +24,28 @@ from specdec.runtime import encode_prompt, engine_for
 from specdec.sampling import SamplingParams
 
 
+def split_k(name: str, config: GenerationConfig) -> tuple[str, GenerationConfig]:
+    """`DRAFT@K` -> (DRAFT, config with that K); a plain `DRAFT` keeps the config's K."""
+    spec, at, k = name.rpartition("@")
+    if not at:
+        return name, config
+    if not k.isdigit() or int(k) < 1:
+        raise ValueError(f"the K after @ in {name!r} must be a whole number >= 1")
+    return spec, replace(config, k=int(k))
+
+
 def measure(target, drafts: list[str], questions: list[dict], config: GenerationConfig) -> dict[str, dict[str, RunTotals]]:
-    """{draft: {category: RunTotals}}; plain decoding is the draft `none`."""
-    engines = {name: engine_for(target, make_drafter(name, target)) for name in ["none"] + drafts}
+    """{draft: {category: RunTotals}}; plain decoding is the draft `none`; `DRAFT@K` runs DRAFT at K."""
+    runs = {name: split_k(name, config) for name in ["none"] + drafts}
+    engines = {name: engine_for(target, make_drafter(spec, target)) for name, (spec, _) in runs.items()}
     names = list(engines)
     totals: dict[str, dict[str, RunTotals]] = {name: {} for name in names}
     for i, row in enumerate(questions):
         ids = encode_prompt(target.tokenizer, row["turns"][0])
         for j in range(len(names)):
             name = names[(i + j) % len(names)]
-            totals[name].setdefault(row["category"], RunTotals()).add(engines[name].generate(ids, config).stats)
+            stats = engines[name].generate(ids, runs[name][1]).stats
+            totals[name].setdefault(row["category"], RunTotals()).add(stats)
         print(f"{i + 1}/{len(questions)} {row['category']}", flush=True)
     return totals
 
@@ -56,7 +70,7 @@ def summarise(totals: dict[str, dict[str, RunTotals]]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="default")
-    p.add_argument("--drafts", required=True, help="comma-separated draft specs")
+    p.add_argument("--drafts", required=True, help="comma-separated draft specs; DRAFT@K runs that one at K")
     p.add_argument("-k", type=int, default=5)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--per-category", type=int, default=1)
