@@ -11,7 +11,6 @@ speculative output equal to plain output).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 from specdec.bench.common import parse_ints  # noqa: E402
-from specdec.bench.verify_cost import prompt_tokens, time_forwards  # noqa: E402
+from specdec.bench.verify_cost import median_cells, prompt_tokens, time_alternating  # noqa: E402
 from specdec.models.llama_net import has_bf16_units  # noqa: E402
 from specdec.models.loader import load_model  # noqa: E402
 
@@ -42,24 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     models = {dtype: load_model("default", dtype=dtype) for dtype in ("fp32", "bf16")}
     prompt = prompt_tokens(models["fp32"].tokenizer, 512)
-    times = {name: {n: [] for n in args.n} for name in models}
-    for _ in range(args.trials):  # alternate the models trial by trial: drift hits both alike
-        for name, loaded in models.items():
-            for n, ts in time_forwards(loaded.model, prompt, args.n, 1, show_progress=False).items():
-                times[name][n] += ts
-            loaded.model.reset()
+    times = time_alternating({name: loaded.model for name, loaded in models.items()}, prompt, args.n, args.trials)
     bf16 = models["bf16"].model
     print(f"bf16 units: {has_bf16_units()}; bf16 backend: {type(bf16).__name__}, "
           f"cheap verify rows: {bf16.cheap_verify_rows}")
     print(f"{'rows':>4s} " + " ".join(f"{name:>22s}" for name in models) + "   bf16 rows = single steps")
     for n in args.n:
-        cells = []
-        for name in models:
-            ms = statistics.median(times[name][n]) * 1e3
-            one = statistics.median(times[name][args.n[0]]) * 1e3
-            cells.append(f"{ms:8.1f} ms ({ms / one:5.2f}x)")
         same = rows_equal_single_steps(bf16, prompt, n) if n > 1 else ""
-        print(f"{n:>4d} " + " ".join(f"{c:>22s}" for c in cells) + f"   {same}")
+        print(f"{n:>4d} " + " ".join(f"{c:>22s}" for c in median_cells(times, n, args.n[0])) + f"   {same}")
     return 0
 
 

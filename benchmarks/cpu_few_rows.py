@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from specdec.bench.common import parse_ints  # noqa: E402
-from specdec.bench.verify_cost import prompt_tokens, time_forwards  # noqa: E402
+from specdec.bench.verify_cost import median_cells, prompt_tokens, time_alternating  # noqa: E402
 from specdec.models.loader import load_model  # noqa: E402
 
 
@@ -40,21 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     models = {"prepacked from 2 rows": load_with("0"), "timed at load": load_with(None)}
     chosen = models["timed at load"].model.net.few_rows
     prompt = prompt_tokens(models["timed at load"].tokenizer, 512)
-    times = {name: {n: [] for n in args.n} for name in models}
-    for _ in range(args.trials):  # alternate the models trial by trial: drift hits both alike
-        for name, loaded in models.items():
-            for n, ts in time_forwards(loaded.model, prompt, args.n, 1, show_progress=False).items():
-                times[name][n] += ts
-            loaded.model.reset()
+    times = time_alternating({name: loaded.model for name, loaded in models.items()}, prompt, args.n, args.trials)
     print(f"few_rows chosen at load: {chosen} (rows 2..{chosen} read [out, in] through F.linear)")
     print(f"{'rows':>4s} " + " ".join(f"{name:>30s}" for name in models))
     for n in args.n:
-        cells = []
-        for name in models:
-            ms = statistics.median(times[name][n]) * 1e3
-            one = statistics.median(times[name][args.n[0]]) * 1e3
-            cells.append(f"{ms:8.1f} ms ({ms / one:5.2f}x)")
-        print(f"{n:>4d} " + " ".join(f"{c:>30s}" for c in cells))
+        print(f"{n:>4d} " + " ".join(f"{c:>30s}" for c in median_cells(times, n, args.n[0])))
     return 0
 
 

@@ -22,3 +22,14 @@ def test_no_scoreboard_skips_the_row(tmp_path):
                             "--trials", "1", "--no-scoreboard"], tmp_path / "out")
     assert code == 0 and data["rows"]
     assert scoreboard_rows(tmp_path / "out") == []
+
+
+def test_alternating_timing_gives_every_model_every_trial(tiny_target, tiny_draft):
+    from specdec.bench.verify_cost import median_cells, time_alternating
+
+    times = time_alternating({"a": tiny_target, "b": tiny_draft}, [1, 2, 3, 4], [1, 3], trials=3)
+    assert {name: {n: len(ts) for n, ts in by_n.items()} for name, by_n in times.items()} == \
+        {"a": {1: 3, 3: 3}, "b": {1: 3, 3: 3}}
+    assert tiny_target.cache_len == 0 and tiny_draft.cache_len == 0  # each left empty after its trial
+    cells = median_cells(times, 1, 1)
+    assert len(cells) == 2 and all(c.endswith("( 1.00x)") for c in cells)

@@ -34,6 +34,29 @@ def prompt_tokens(tokenizer, length: int) -> list[int]:
     return ids[:length]
 
 
+def time_alternating(models: dict, prompt: list[int], ns: list[int], trials: int) -> dict[str, dict[int, list[float]]]:
+    """time_forwards for several models {name: CausalLM}, alternating trial by trial so that the
+    machine's drift hits all of them alike: {name: {n: seconds}}."""
+    times: dict[str, dict[int, list[float]]] = {name: {n: [] for n in ns} for name in models}
+    for _ in range(trials):
+        for name, model in models.items():
+            for n, ts in time_forwards(model, prompt, ns, 1, show_progress=False).items():
+                times[name][n] += ts
+            model.reset()
+    return times
+
+
+def median_cells(times: dict[str, dict[int, list[float]]], n: int, base: int) -> list[str]:
+    """'median ms (ratio to the model's own median at `base` rows)' for each model, at n rows."""
+    import statistics
+
+    cells = []
+    for by_n in times.values():
+        ms, one = statistics.median(by_n[n]) * 1e3, statistics.median(by_n[base]) * 1e3
+        cells.append(f"{ms:8.1f} ms ({ms / one:5.2f}x)")
+    return cells
+
+
 def time_forwards(model, prompt: list[int], ns: list[int], trials: int, show_progress: bool = True) -> dict[int, list[float]]:
     """Seconds of one forward over n new tokens after the cached prompt, `trials` times each n.
 
