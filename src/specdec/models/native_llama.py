@@ -143,9 +143,8 @@ class NativeLlama(CausalLM):
 
     @property
     def cheap_verify_rows(self) -> bool:
-        """On a CPU: with bf16 matrices prepacked (pack_for_cpu), 1-16 rows cost about the same."""
-        packed = self.net._packed_lm
-        return self.device.type != "cpu" or (packed is not None and packed.packed.dtype == torch.bfloat16)
+        """On a CPU: with bf16 matrices prepacked (pack_for_cpu, row_exact), 1-16 rows cost about the same."""
+        return self.device.type != "cpu" or self.net.row_exact
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self._len:
