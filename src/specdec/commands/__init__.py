@@ -26,7 +26,7 @@ def add_model_flags(parser: argparse.ArgumentParser, draft_default: str = "looku
                              "benchmarks), or a model of the same tokenizer (default: %(default)s)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu; bf16 on a "
-                        "CPU with bf16 units makes verify passes of up to 16 tokens cost about one step)")
+                        "CPU with bf16 units makes verify passes of up to 8 tokens cost little more than one step)")
     parser.add_argument("--backend", choices=("auto", "native", "hf"), default="auto",
                         help="model code: native (fast Llama family: static cache, CUDA graphs), hf (any "
                              "transformers model), auto (native for supported models on CUDA, and on a CPU in "
