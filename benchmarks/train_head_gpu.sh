@@ -15,6 +15,11 @@
 # Call 2 (carry .gl/part_b), right after call 1:  bash benchmarks/train_head_gpu.sh train [driver options]
 # A third call on the still-warm machine finds the GGUF and the data there: with `--data-only` in call 2
 # and `--gen-seconds 0` in call 3, one call makes the data and the next trains on it for all of its time.
+# The shipped head (docs/draft-head.md): call 2 `train --data-only --prompts 3072 --source-texts 2048
+#   --followups 2048 --question-lists 1024 --gen-seconds 470 --draft-vocab 16384 --max-len 1024
+#   --feature-layers 2,15,27`, call 3 the same with `--gen-seconds 0 --prompts 2560 --budget 500
+#   --check-per-category 10 --compare-head src/specdec/data/heads/smollm2-135m-head.safetensors`
+#   (its check did not run: the call's limit came first; it was run afterwards on a CPU).
 # The two-stage run of docs/draft-head.md (not shipped) passed: --draft-vocab 16384 --source-texts 1024
 #   --followups 1536 --max-len 1024 --gen-seconds 230 --budget 470 --check-per-category 10
 #   --compare-head src/specdec/data/heads/smollm2-135m-head.safetensors

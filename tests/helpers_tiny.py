@@ -81,3 +81,28 @@ def assert_png(path: str | Path) -> None:
 def scoreboard_rows(out_dir: Path) -> list[str]:
     board = Path(out_dir) / "SCOREBOARD.md"
     return [line for line in board.read_text().splitlines() if line.startswith("| 20")] if board.exists() else []
+
+
+def default_tokenizer_random_llama():
+    """The embedded model's tokenizer and a tiny random Llama over its vocabulary (seed 0): a fast
+    stand-in target for the draft-head data pipeline, which needs a real chat template."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from specdec.models import default as default_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model.prepared_dir()))
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    return tokenizer, LlamaForCausalLM(config).eval()
+
+
+def spec_bench_questions() -> set[str]:
+    """Every turn of the bundled Spec-Bench questions (the test set that training data must avoid)."""
+    import json
+
+    from specdec.bench.specbench import QUESTIONS
+
+    return {turn for line in QUESTIONS.read_text().splitlines() if line.strip()
+            for turn in json.loads(line)["turns"]}

@@ -1,31 +1,22 @@
 """The two-stage self-instruct of the draft-head data: the target's own texts, pasted into requests."""
 
-import json
-
 import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from specdec.bench.specbench import QUESTIONS
-from specdec.models import default as default_model
 from specdec.train import prompts as prompts_module
 from specdec.train.data import DataConfig, build_dataset, shard_paths, source_texts
 from specdec.train.prompts import SOURCE_KINDS, make_followup_prompts, make_source_prompts, usable_text
+from tests.helpers_tiny import default_tokenizer_random_llama, spec_bench_questions
 
 TEXT = ("The city council of Lyon met on Monday to discuss a new plan for public transport. Anna, who leads the "
         "project, said that {n} new buses would arrive next spring and that fares would stay the same. Critics "
         "argued that the plan ignores cyclists, while a survey found that most residents support it. ")
 
 
-def bench_questions() -> set[str]:
-    return {turn for line in QUESTIONS.read_text().splitlines() if line.strip()
-            for turn in json.loads(line)["turns"]}
-
-
 def test_source_prompts_cover_every_kind_and_are_deterministic():
     sources = make_source_prompts(28, seed=0)
     assert sources == make_source_prompts(28, seed=0)
     assert {s.kind for s in sources} == set(SOURCE_KINDS)
-    assert not {s.prompt for s in sources} & bench_questions()
+    assert not {s.prompt for s in sources} & spec_bench_questions()
 
 
 def test_followups_embed_the_stage1_texts_and_never_spec_bench():
@@ -36,7 +27,7 @@ def test_followups_embed_the_stage1_texts_and_never_spec_bench():
     assert all(any(t.strip() in p for t in texts[:7]) for p in followups)  # each pastes at least one text
     assert not any("too short" in p for p in followups)  # unusable texts are never pasted
     assert any("Document 2:" in p for p in followups) and any(p.startswith("Summar") for p in followups)
-    bench = bench_questions()
+    bench = spec_bench_questions()
     assert not any(q in p for p in followups for q in bench)
     assert all(len(p) < 3600 for p in followups)  # the pasted material is capped (~800 tokens)
     assert make_followup_prompts(sources, ["no"] * 8, 5) == []
@@ -47,12 +38,7 @@ def test_usable_text_rejects_loops():
 
 
 def test_build_dataset_two_stage_pastes_the_targets_own_texts(tmp_path, monkeypatch):
-    tokenizer = AutoTokenizer.from_pretrained(str(default_model.prepared_dir()))
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    model = LlamaForCausalLM(config).eval()
+    tokenizer, model = default_tokenizer_random_llama()
     monkeypatch.setattr(prompts_module, "usable_text", lambda text: bool(text.strip()))  # random model: any text
     data = DataConfig(num_prompts=2, max_new_tokens=4, batch_size=2, source_texts=3, followups=3,
                       source_max_new_tokens=6)

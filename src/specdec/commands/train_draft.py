@@ -30,6 +30,9 @@ def register(sub) -> None:
                    help="two-stage self-instruct: texts the target writes first (default: %(default)s, off)")
     g.add_argument("--followups", type=int, default=0,
                    help="then requests to summarise/extract/question/rewrite those texts, pasted in")
+    g.add_argument("--question-lists", type=int, default=0,
+                   help="self-instruct questions: lists of questions the target writes, then answers each one "
+                        "(default: %(default)s, off)")
     g.add_argument("--feature-layers", default="auto",
                    help="target layers whose outputs the head reads besides the last layer's features, fused "
                         "as in EAGLE-3: `auto` (a low, a middle and a high layer), comma-separated indices, or "
@@ -63,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     layers = parse_feature_layers(args.feature_layers, target.model.model.config.num_hidden_layers)
     data_config = DataConfig(num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                              batch_size=args.gen_batch, top_k=args.top_k_probs, seed=args.seed,
-                             source_texts=args.source_texts, followups=args.followups, feature_layers=layers)
+                             source_texts=args.source_texts, followups=args.followups, feature_layers=layers,
+                             question_lists=args.question_lists)
     train_config = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
                                draft_vocab=args.draft_vocab, eval_every=args.eval_every,
                                val_examples=args.val_examples, max_len=args.max_len, seed=args.seed)

@@ -12,6 +12,10 @@ pasted into the prompt (shards `shard_use_*`): long inputs like real summarisati
 Both stages are training data; the texts of stage 1 are read back from its shards, so a resumed
 run rebuilds exactly the same stage-2 prompts.
 
+With `question_lists` > 0 a second self-instruct follows: the target writes that many numbered lists
+of questions people ask about a topic (shards `shard_ask_*`, greedy), then answers every question it
+wrote, some with a wish about the answer (shards `shard_ans_*`; train.prompts.make_question_prompts).
+
 One example (a dict of tensors) for a text of n tokens whose answer starts at `start`:
   ids      [n]        int32  prompt + answer (answer cut after the first end-of-sequence token)
   features [n-1, W]   bf16   target features at position i (the last token is never fed): the outputs
@@ -34,6 +38,8 @@ import torch
 from specdec.train.prompts import (
     make_followup_prompts,
     make_prompts,
+    make_question_list_prompts,
+    make_question_prompts,
     make_source_prompts,
 )
 
@@ -52,6 +58,8 @@ class DataConfig:
     followups: int = 0  # stage-2 requests about those texts
     source_max_new_tokens: int = 384  # length cap of a stage-1 text
     feature_layers: tuple[int, ...] = ()  # target layers whose outputs are kept too (EAGLE-3 heads)
+    question_lists: int = 0  # self-instruct questions: lists of questions the target writes, then answers (0: off)
+    list_max_new_tokens: int = 128  # length cap of one list of questions
 
 
 def shard_paths(data_dir: Path) -> list[Path]:
@@ -73,16 +81,23 @@ def build_dataset(hf_model, tokenizer, data_dir: Path, config: DataConfig, progr
         followups = make_followup_prompts(sources, texts, config.followups, seed=config.seed)
         half = replace(config, batch_size=max(1, config.batch_size // 2))  # long prompts: half the batch
         _answer_all(hf_model, tokenizer, followups, data_dir, "shard_use", half, progress)
+    if config.question_lists:
+        lists = _answer_all(hf_model, tokenizer, make_question_list_prompts(config.question_lists, seed=config.seed),
+                            data_dir, "shard_ask", replace(config, max_new_tokens=config.list_max_new_tokens,
+                                                           sample_every=0), progress)
+        questions = make_question_prompts(source_texts(lists, tokenizer), seed=config.seed)
+        _answer_all(hf_model, tokenizer, questions, data_dir, "shard_ans", config, progress)
     _answer_all(hf_model, tokenizer, make_prompts(config.num_prompts, seed=config.seed), data_dir, "shard",
                 config, progress)
     return shard_paths(data_dir)
 
 
 def source_texts(shards: list[Path], tokenizer) -> list[str]:
-    """The answers stored in `shards` (in order) as text: the stage-1 texts that stage 2 pastes."""
+    """The answers stored in `shards` (in order) as text: the stage-1 texts that stage 2 pastes or
+    the lists of questions it answers. Memory-mapped: only the token ids are read, not the features."""
     texts = []
     for path in shards:
-        for e in torch.load(path, weights_only=True):
+        for e in torch.load(path, weights_only=True, mmap=True):
             texts.append(tokenizer.decode(e["ids"][e["start"]:].tolist(), skip_special_tokens=True))
     return texts
 

@@ -1,14 +1,16 @@
 """Synthetic instructions for distilling a draft head: varied tasks, none taken from Spec-Bench.
 
 The head must learn the target's own answers to the kinds of requests people make (writing, QA,
-coding, math, summarising or translating a given text, roleplay, extraction, answering from given
-passages...). Spec-Bench is the test set, so the prompts here are built from our own templates and
-word lists, shuffled by a seed.
+advice, coding, math, summarising or translating a given text, roleplay, extraction, answering from
+given passages...). Spec-Bench is the test set, so the prompts here are built from our own templates
+and word lists (about 430 topics), shuffled by a seed, or written by the target itself (the
+self-instruct stages at the end of this file).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 TOPICS = [
@@ -47,6 +49,52 @@ TOPICS = [
     "fairy tales", "mythology", "the Vikings", "the Aztecs", "the Ottoman Empire", "the Mongol Empire",
     "the American Revolution", "the history of jazz", "board games", "magic tricks", "happiness", "habits",
     "creativity", "curiosity", "boredom", "memory", "dreams", "languages of the world", "emoji",
+    # science and mathematics
+    "Newton's laws of motion", "entropy", "the greenhouse effect", "cell division", "enzymes", "the nitrogen cycle",
+    "acids and bases", "the Pythagorean theorem", "calculus", "vectors", "logarithms", "infinity",
+    "the theory of relativity", "quantum entanglement", "dark matter", "neutron stars", "the Doppler effect",
+    "friction", "buoyancy", "thermodynamics", "electromagnetic waves", "radioactivity", "the speed of sound",
+    "stem cells", "genetic engineering", "the microbiome", "viruses and bacteria", "blood pressure",
+    "the nervous system", "hormones", "allergies", "diabetes", "vitamins", "the placebo effect",
+    "neural networks", "large language models", "recursion", "hash tables", "sorting algorithms",
+    "regular expressions", "version control with Git", "APIs", "unit testing", "Docker containers",
+    "SQL joins", "the binary number system", "compilers", "computer memory", "encryption keys",
+    "machine translation", "game theory", "the normal distribution", "compound interest", "fractions",
+    "percentages", "the metric system", "weather forecasting", "ocean currents", "soil erosion",
+    "photosynthesis in algae", "food chains", "extinction", "invasive species", "carbon capture",
+    "hydrogen fuel", "geothermal energy", "the water supply of a city", "desalination", "nanotechnology",
+    # history, society and the humanities
+    "the Enlightenment", "the Reformation", "the Treaty of Versailles", "the fall of the Berlin Wall",
+    "the civil rights movement", "the Harlem Renaissance", "impressionism", "existentialism", "stoicism",
+    "utilitarianism", "Confucius", "Socrates", "the Meiji Restoration", "colonialism", "the Han dynasty",
+    "the Inca Empire", "the Black Death", "the Crusades", "the Magna Carta", "the French language",
+    "the Cuban Missile Crisis", "the space race", "the history of the Internet", "the Great Depression",
+    "the suffragette movement", "ancient Mesopotamia", "the Phoenicians", "the Ming dynasty",
+    "the abolition of slavery", "the European Union", "the Hundred Years' War", "feudalism",
+    "propaganda", "free speech", "the separation of powers", "the welfare state", "universal basic income",
+    "minimum wage laws", "trade unions", "behavioural economics", "cognitive biases", "child development",
+    "the psychology of motivation", "introverts and extroverts", "grief", "loneliness", "peer pressure",
+    "gender equality", "the ethics of eating meat", "animal testing", "privacy online", "misinformation",
+    "censorship", "the role of museums", "folk music", "Greek tragedy", "the sonnet", "science fiction",
+    "graphic novels", "the Harry Potter books", "Renaissance painting", "Baroque music", "street art",
+    "dance", "calligraphy", "the history of fashion", "world religions", "festivals around the world",
+    # everyday life, work and money
+    "buying a used car", "moving to a new city", "writing a CV", "budgeting for groceries", "first aid",
+    "home insurance", "composting", "reducing food waste", "renting an apartment", "credit scores",
+    "student loans", "online shopping", "saving energy at home", "planning a wedding", "raising teenagers",
+    "caring for elderly parents", "working night shifts", "commuting by bike", "learning to drive",
+    "cooking on a budget", "baking a cake", "making coffee at home", "packing for a trip", "jet lag",
+    "travelling on a budget", "visiting national parks", "learning to swim", "a healthy morning routine",
+    "screen time for children", "online privacy for teenagers", "hiring the first employee",
+    "customer service", "project management", "remote meetings", "writing a business plan",
+    "pricing a product", "supply chains", "small talk", "conflict at work", "asking for a raise",
+    "procrastination", "burnout", "note taking", "speed reading", "keeping a journal", "minimalism",
+    "decluttering a home", "adopting a cat", "keeping chickens", "growing tomatoes", "birdwatching",
+    "knitting", "woodworking", "playing the piano", "learning to draw", "podcasts", "e-books",
+    # places
+    "Tokyo", "Paris", "New York City", "Mexico City", "Cairo", "Mumbai", "Sydney", "Rio de Janeiro",
+    "Iceland", "Kenya", "Canada", "Peru", "Vietnam", "Norway", "Morocco", "New Zealand", "the Himalayas",
+    "the Mediterranean Sea", "the Nile", "the Great Barrier Reef", "Antarctica", "the Grand Canyon",
 ]
 PEOPLE = ["a pirate captain", "a medieval knight", "a friendly robot", "a detective", "a chef",
           "a tour guide in Rome", "a wise old wizard", "a startup founder", "a kindergarten teacher",
@@ -54,7 +102,10 @@ PEOPLE = ["a pirate captain", "a medieval knight", "a friendly robot", "a detect
           "a grumpy librarian", "a famous novelist", "a park ranger", "a time traveller from 1850",
           "a job interviewer", "a personal trainer", "a customer support agent", "a history professor",
           "a news reporter", "a farmer", "a lighthouse keeper", "a dragon", "a cat who can talk",
-          "Sherlock Holmes", "a ship's navigator", "a marine biologist", "a stand-up comedian", "a therapist"]
+          "Sherlock Holmes", "a ship's navigator", "a marine biologist", "a stand-up comedian", "a therapist",
+          "a financial advisor", "a nurse", "a software engineer", "a Roman senator", "a Viking explorer",
+          "a retired football player", "a bakery owner", "a nervous first-time traveller", "a poet",
+          "a real estate agent", "a high school principal", "a mountain guide", "an AI assistant from the future"]
 LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese", "Dutch"]
 SENTENCES = [
     "The weather is beautiful today, so we are going to the park.", "I would like a cup of tea, please.",
@@ -106,6 +157,14 @@ CODE_TASKS = [
     "implements merge sort", "checks whether parentheses are balanced", "converts a number to Roman numerals",
     "downloads a web page and counts its links", "finds the shortest path in a grid with BFS",
     "implements a simple linked list", "rotates an array by k positions", "computes the sum of digits of a number",
+    "counts the lines, words and characters of a file", "generates all permutations of a string",
+    "checks whether two strings are anagrams", "finds the second largest number in a list",
+    "implements a least-recently-used cache", "converts a binary string to a decimal number",
+    "computes the dot product of two vectors", "groups a list of words by their first letter",
+    "returns the k most frequent elements of a list", "implements a binary search tree with insert and search",
+    "checks whether a year is a leap year", "calculates compound interest", "simulates rolling two dice 1000 times",
+    "finds the missing number in a list from 1 to n", "splits a sentence into words and capitalises each one",
+    "detects a cycle in a linked list", "computes the edit distance between two strings",
 ]
 LANGS_CODE = ["Python", "JavaScript", "C", "C++", "Java", "Rust", "Go", "TypeScript", "SQL", "Bash"]
 SNIPPETS = [
@@ -119,6 +178,16 @@ SNIPPETS = [
     "numbers = [3, 1, 2]\nnumbers.sort()\nprint(numbers[-1])",
     "def is_even(n):\n    return n % 2 == 1",
     "const squares = [1, 2, 3].map(x => x * x);",
+    "def fact(n):\n    if n == 0:\n        return 1\n    return n * fact(n - 1)",
+    "total = 0\nfor x in [4, 8, 15]:\n    total += x\nprint(total / 3)",
+    "def last(xs):\n    return xs[len(xs)]",
+    "with open('data.txt') as f:\n    lines = [line.strip() for line in f if line.strip()]",
+    "let count = 0;\nfor (let i = 0; i <= 10; i++) {\n  count += i;\n}\nconsole.log(count);",
+    "SELECT * FROM users WHERE age > 30 AND city = 'Paris';",
+    "def unique(xs):\n    return list(set(xs))",
+    "words = text.split()\ncounts = {}\nfor w in words:\n    counts[w] = counts.get(w, 0) + 1",
+    "for (int i = 0; i < n; i++)\n    for (int j = 0; j < n; j++)\n        c[i][j] = a[i][j] + b[i][j];",
+    "def divide(a, b):\n    return a / b\n\nprint(divide(3, 0))",
 ]
 NAMES = ["Anna", "Ben", "Carla", "David", "Emma", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kofi", "Lena",
          "Mateo", "Nadia", "Omar", "Priya", "Quinn", "Rosa", "Sven", "Tariq", "Uma", "Victor", "Wen", "Yusuf"]
@@ -145,6 +214,15 @@ WRITING = [
     "Write a children's bedtime story about {topic} and {other}.",
     "Write a review of an imaginary documentary about {topic}.",
     "Write a motivational message for someone who is struggling to understand {topic}.",
+    "Write a short opinion piece about {topic} for a local newspaper.", "Write a tweet about {topic}.",
+    "Write a cover letter for a job that involves {topic}.",
+    "Write a thank-you note to a teacher who taught me about {topic}.",
+    "Write an outline for a presentation on {topic}.", "Write the opening paragraph of a novel that involves {topic}.",
+    "Write a two-paragraph introduction to {topic} for a textbook.", "Write a short scene for a play about {topic}.",
+    "Write a FAQ page with five questions and answers about {topic}.", "Write a recipe-style guide to {topic}.",
+    "Write a letter from {person} to a friend, explaining {topic}.", "Write a rap verse about {topic}.",
+    "Write a social media post announcing a workshop on {topic} and {other}.",
+    "Write a short, funny story in which {person} gets confused about {topic}.",
 ]
 QA = [
     "What is {topic}?", "Explain {topic} in simple terms.", "Why is {topic} important?",
@@ -157,6 +235,20 @@ QA = [
     "What are the main challenges of {topic} today?", "How has {topic} changed over the last century?",
     "Give me a one-sentence definition of {topic}.", "What books would you recommend to learn about {topic}?",
     "Is {topic} overrated? Give a balanced answer.", "What careers are related to {topic}?",
+    "Explain {topic} like I'm five.", "In one or two sentences, what is {topic}?",
+    "Write a detailed explanation of {topic}, with examples.", "What is the difference between {topic} and {other}?",
+    "What's your opinion on {topic}? Explain why.", "Can you give me an example that shows how {topic} works?",
+    "Answer briefly: why do people care about {topic}?",
+    "I'm writing a school report on {topic}. What should I include?",
+    "What is {topic}, why does it matter, and how is it related to {other}?",
+    "What would a scientist say about {topic}, and what would a historian say?",
+    "Which is more important for society, {topic} or {other}? Defend your answer.",
+    "Explain {topic} using an analogy.", "What surprised people most when they first learned about {topic}?",
+    "What is the most common question people ask about {topic}, and what is the answer?",
+    "How would you explain {topic} to someone from the year 1800?", "Is it true that {topic} is hard to understand?",
+    "What are the key ideas behind {topic}? Keep it short.",
+    "Summarize what is known about {topic} in five bullet points.",
+    "Give me a quick overview of {topic} and then one fun fact.", "How does {topic} affect everyday life?",
 ]
 ROLEPLAY = [
     "Pretend you are {person}. Introduce yourself and talk about {topic}.",
@@ -178,6 +270,25 @@ REASONING = [
     "Explain step by step how you would teach {topic} to a group of ten-year-olds.",
     "Make a table comparing {topic} and {other} on three criteria.",
     "List the steps to get started with {topic}, numbered.",
+    "Think step by step: how could a small town benefit from {topic}?",
+    "Give three arguments for and three against the claim that {topic} matters more than {other}.",
+    "Rank these from most to least important for a student and explain: {topic}, {other}, sleep.",
+    "If you had one hour to learn about {topic}, how would you spend it? Explain your plan.",
+    "What evidence would convince a skeptic about the importance of {topic}? Reason it out.",
+    "Identify a common argument about {topic} and explain whether it is logically sound.",
+]
+ADVICE = [
+    "My friend wants to get into {topic}. What advice would you give?",
+    "I feel overwhelmed by {topic}. Any tips?",
+    "What are common mistakes people make with {topic}, and how can I avoid them?",
+    "How do I get started with {topic}? Give me step-by-step instructions.",
+    "I have a job interview about {topic} tomorrow. How should I prepare?",
+    "What's the best way to teach my kids about {topic}?",
+    "How can I use what I know about {topic} to earn some money?",
+    "Give me five practical tips related to {topic}.", "I'm {person}. How should I think about {topic}?",
+    "How can I explain {topic} to my grandmother?",
+    "Should I spend my weekend learning about {topic} or {other}? Help me decide.",
+    "What questions should I ask an expert on {topic}?",
 ]
 
 
@@ -205,6 +316,24 @@ def _math(rng: random.Random) -> str:
         f"A class has {a + b} students; {a} of them are girls. What percentage are boys?",
         f"Find the derivative of f(x) = {c}x^3 + {b}x^2 - {a}x + {price}.",
         f"What is the probability of rolling a sum of {min(12, c + 2)} with two dice? Explain.",
+        f"{name} buys {c} packs of {item} with {b} in each pack, gives away {a % (b * c) or 1} and eats {c}. "
+        f"How many {item} are left? Think step by step.",
+        f"{name} earns {price} dollars an hour and works {c} hours a day for {b % 6 + 2} days. "
+        f"{name} spends {pct}% of it on rent. How much money is left?",
+        f"A tank holds {a * 10} litres. A pipe fills it at {c} litres per minute and another drains it at "
+        f"{max(1, c - 2)} litres per minute. How long does it take to fill the empty tank?",
+        f"{name} ran {c} km on Monday, twice as far on Tuesday and {b} km on Wednesday. What was the average "
+        "distance per day?",
+        f"The price of a bike went up by {pct}% and then down by {pct}%. It was {price * 10} dollars at first. "
+        "What does it cost now?",
+        f"What is the area of a circle with radius {c} cm? And its circumference?",
+        f"Convert {a * 100} grams to kilograms and {b} kilometres to metres.",
+        f"Find the next two numbers in the sequence {c}, {c + b}, {c + 2 * b}, {c + 3 * b}. Explain the rule.",
+        f"{name} and {other} can paint a fence in {c + 2} and {c + 4} hours alone. How long do they take together?",
+        f"A school trip costs {price} dollars per student and {a + b} students go. The school pays {pct}%. "
+        "How much do the families pay in total?",
+        f"Is {a * b + 1} a prime number? Explain how you checked.",
+        f"Solve the system: x + y = {a + b}, x - y = {a - b}.",
     ]
     return rng.choice(forms)
 
@@ -277,8 +406,38 @@ def _rewrite(rng: random.Random) -> str:
     return f"{ask}\n\n{_article(rng)}"
 
 
+GERMAN_SUBJECTS = ["Die Regierung", "Der Bürgermeister", "Die Polizei", "Das Unternehmen", "Der Trainer",
+                   "Die Bundesregierung", "Eine neue Studie", "Der Verein", "Die Stadtverwaltung", "Das Gericht",
+                   "Die Europäische Kommission", "Der Minister", "Die Zentralbank", "Die Schule",
+                   "Ein Sprecher der Firma",
+                   "Die Gewerkschaft", "Der Autohersteller", "Die Universität", "Das Krankenhaus", "Die Opposition"]
+GERMAN_TIMES = ["am Montag", "gestern", "in der vergangenen Woche", "am Wochenende", "im letzten Jahr",
+                "heute Morgen", "nach langen Verhandlungen", "überraschend", "am Dienstagabend", "Anfang des Monats"]
+GERMAN_ACTS = ["einen neuen Plan vorgestellt", "die Preise erhöht", "mehr Geld für Schulen gefordert",
+               "das Projekt gestoppt", "einen Vertrag unterschrieben", "neue Regeln beschlossen",
+               "die Ergebnisse veröffentlicht", "hundert neue Mitarbeiter eingestellt", "das wichtige Spiel verloren",
+               "eine Untersuchung eingeleitet", "die Steuern gesenkt", "den Bau einer neuen Brücke angekündigt",
+               "vor den Folgen des Klimawandels gewarnt", "einen Rekordgewinn gemeldet",
+               "die Verhandlungen abgebrochen"]
+GERMAN_AFTER = ["", "", " Kritiker halten das für einen Fehler.", " Die Entscheidung war lange umstritten.",
+                " Viele Bürger reagierten erleichtert.", " Weitere Einzelheiten sollen nächste Woche folgen.",
+                " Das teilte ein Sprecher am Abend mit.", " Die Opposition fordert nun eine Debatte im Parlament."]
+GERMAN_BECAUSE = ["", "", "", ", weil die Kosten stark gestiegen sind", ", nachdem sich viele Bürger beschwert hatten",
+                  ", obwohl die Lage schwierig bleibt", ", um die Wirtschaft zu stärken"]
+
+
+def _german(rng: random.Random) -> str:
+    """A news-like German sentence (or two) from parts: thousands of inputs to translate into English."""
+    return (f"{rng.choice(GERMAN_SUBJECTS)} hat {rng.choice(GERMAN_TIMES)} {rng.choice(GERMAN_ACTS)}"
+            f"{rng.choice(GERMAN_BECAUSE)}.{rng.choice(GERMAN_AFTER)}")
+
+
 def _translate(rng: random.Random) -> str:
-    if rng.random() < 0.5:
+    if rng.random() < 0.35:
+        form = rng.choice(["Translate German to English: {s}", "Translate the following German text to English.\n{s}",
+                           "Translate into English:\n{s}", "Please translate this from German into English: {s}"])
+        return form.format(s=_german(rng))
+    if rng.random() < 0.4:
         lang, sentence = rng.choice(FOREIGN)
         form = rng.choice(["Translate into English: {s}", "Translate the following {lang} text to English.\n{s}",
                            "What does \"{s}\" mean in English?", "Translate from {lang} to English: {s}"])
@@ -312,7 +471,8 @@ def make_prompts(n: int, seed: int = 0) -> list[str]:
     """n varied instructions (deterministic for a seed), mixing every kind of task in fixed shares."""
     rng = random.Random(seed)
     kinds = [(lambda r: _templated(r, WRITING), 3), (lambda r: _templated(r, QA), 4),
-             (lambda r: _templated(r, ROLEPLAY), 1), (lambda r: _templated(r, REASONING), 2),
+             (lambda r: _templated(r, ADVICE), 1), (lambda r: _templated(r, ROLEPLAY), 1),
+             (lambda r: _templated(r, REASONING), 2),
              (_math, 3), (_summary, 2), (_translate, 2), (_code, 3), (_rag, 1), (_extract, 1), (_rewrite, 1)]
     pool = [make for make, weight in kinds for _ in range(weight)]
     seen: set[str] = set()
@@ -425,4 +585,70 @@ def make_followup_prompts(sources: list[SourcePrompt], texts: list[str], n: int,
         task = rng.choice(sorted(FOLLOW_UPS))
         ask = rng.choice(FOLLOW_UPS[task]).format(kind=names[source.kind], topic=source.topic)
         out.append(f"{ask}\n\n{text}")
+    return out
+
+
+# Self-instruct questions: the target first writes numbered lists of questions that people ask
+# about a topic (stage `ask`, greedy: a small target's sampled lists wander off), then answers each
+# question it wrote (stage `ans`), some with a wish about the answer (short, detailed, for a child,
+# step by step, an opinion) or two of a list's questions at once. The questions are the target's
+# own, so they reach sub-topics and phrasings that our templates do not; the lists are data too.
+
+ASKERS = ["a worried parent", "a curious child", "a new employee", "a tourist", "a journalist", "a university student",
+          "a complete beginner", "an expert", "a skeptic", "a small business owner", "a retired engineer",
+          "a high school teacher", "a patient", "a first-year medical student", "a young voter", "a novelist"]
+QUESTION_LISTS = [
+    "List five questions people often ask about {topic}.",
+    "Write a numbered list of 5 different questions a student could ask a teacher about {topic}.",
+    "List five questions {asker} might ask about {topic}.",
+    "List five things someone might ask an AI assistant to help with related to {topic}. Write each as a request.",
+    "List five questions {asker} might ask about {topic} and {other}.",
+    "List five 'how' and 'why' questions about {topic}.",
+    "Write five questions, numbered, that test someone's knowledge of {topic}.",
+    "List five practical questions someone might have about {topic} in everyday life.",
+    "List five questions about the history of {topic}.",
+]
+ANSWER_WISHES = ["{q}", "{q}", "{q}", "{q}", "{q} Explain it like I'm five.", "{q} Answer in one or two sentences.",
+                 "{q} Please give a detailed answer with examples.", "{q} Think step by step.",
+                 "I have a question: {q}", "Quick question: {q}", "{q} Give your opinion and explain why.",
+                 "{q} Answer with a short list.", "{q} Also, {q2}", "{q} And {q2}"]
+
+
+def make_question_list_prompts(n: int, seed: int = 0) -> list[str]:
+    """n stage-1 requests for lists of questions (deterministic for a seed)."""
+    rng = random.Random(seed + 15485863)
+    out = []
+    for _ in range(n):
+        topic, other = rng.sample(TOPICS, 2)
+        out.append(rng.choice(QUESTION_LISTS).format(topic=topic, other=other, asker=rng.choice(ASKERS)))
+    return out
+
+
+def parse_questions(text: str, most: int = 5) -> list[str]:
+    """The distinct items of a numbered or bulleted list in `text` that read as a request: 4 to 40
+    words, ending in '?' or '.' (a heading such as "How to water plants:" is not one)."""
+    out: list[str] = []
+    for line in text.splitlines():
+        match = re.match(r"\s*(?:\d{1,2}[.)]|[-*•])\s+(.+)$", line)
+        if not match:
+            continue
+        item = match.group(1).strip().strip("*").strip().strip('"“”').strip()
+        if 4 <= len(item.split()) <= 40 and item[-1] in "?." and "**" not in item and item not in out:
+            out.append(item)
+    return out[:most]
+
+
+def make_question_prompts(lists: list[str], seed: int = 0) -> list[str]:
+    """Stage-2 requests: every question parsed from the target's `lists`, in order, some with a wish
+    about the answer or joined to another question of the same list."""
+    rng = random.Random(seed + 32452843)
+    out = []
+    for text in lists:
+        questions = parse_questions(text)
+        for i, q in enumerate(questions):
+            wish = rng.choice(ANSWER_WISHES)
+            if "{q2}" in wish and len(questions) < 2:
+                wish = "{q}"
+            q2 = questions[(i + 1) % len(questions)]
+            out.append(wish.format(q=q, q2=q2[0].lower() + q2[1:]))
     return out
