@@ -94,16 +94,14 @@ def main() -> int:
     done = len(list(data_dir.glob("shard_[0-9]*.pt")))  # regular shards a previous run left: resume after them
     n = min(args.prompts, done * args.gen_batch)
     shards = sorted(data_dir.glob("shard_*.pt"))
-    while n < args.prompts and clock() < args.gen_seconds:
-        n = min(args.prompts, n + args.gen_batch)
-        data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch,
-                                 source_texts=args.source_texts, followups=args.followups, feature_layers=layers,
-                                 question_lists=args.question_lists)
-        shards = build_dataset(hf, target.tokenizer, data_dir, data_config, progress=False)
-        print(f"[{clock():.0f}s] {n} prompts answered ({len(shards)} shards)", flush=True)
     data_config = DataConfig(num_prompts=n, max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch,
                              source_texts=args.source_texts, followups=args.followups, feature_layers=layers,
                              question_lists=args.question_lists)
+    while n < args.prompts and clock() < args.gen_seconds:
+        n = min(args.prompts, n + args.gen_batch)
+        data_config = replace(data_config, num_prompts=n)
+        shards = build_dataset(hf, target.tokenizer, data_dir, data_config, progress=False)
+        print(f"[{clock():.0f}s] {n} prompts answered ({len(shards)} shards)", flush=True)
     train_config = TrainConfig(steps=args.max_steps, batch_size=args.batch_size, lr=args.lr, unroll=args.unroll,
                                draft_vocab=args.draft_vocab, eval_every=args.eval_every,
                                val_examples=args.val_examples, max_len=args.max_len)
