@@ -201,9 +201,11 @@ def compare_layers(target, shards: list[Path], data_dir: Path, layers: tuple[int
 
 
 def check_on_specbench(target, heads: dict, per_category: int, max_new_tokens: int, config,
-                       layers: tuple[int, ...] = ()) -> dict:
+                       layers: tuple[int, ...] = (), answer_batch: int = 16) -> dict:
     """Per Spec-Bench category: the share of the target's greedy answer tokens inside each head's
-    sub-vocabulary and each head's teacher-forced greedy agreement per draft step (measured only)."""
+    sub-vocabulary and each head's teacher-forced greedy agreement per draft step (measured only).
+    The target answers `answer_batch` questions at a time, sorted by length: one left-padded batch
+    of every question pads the short ones to the longest RAG prompt, which a CPU cannot afford."""
     from specdec.bench.specbench import QUESTIONS, load_questions
     from specdec.drafters.head import DraftHead
     from specdec.train.data import _answer_batch
@@ -211,8 +213,15 @@ def check_on_specbench(target, heads: dict, per_category: int, max_new_tokens: i
 
     rows = load_questions(str(QUESTIONS), per_category, None)
     answer_config = DataConfig(max_new_tokens=max_new_tokens, feature_layers=layers)
-    examples = _answer_batch(target.model.model, target.tokenizer, [r["turns"][0] for r in rows], answer_config,
-                             sample=False)
+    prompts = [r["turns"][0] for r in rows]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    examples: list = [None] * len(prompts)
+    for first in range(0, len(order), answer_batch):
+        chunk = order[first:first + answer_batch]
+        answers = _answer_batch(target.model.model, target.tokenizer, [prompts[i] for i in chunk], answer_config,
+                                sample=False)
+        for i, example in zip(chunk, answers):
+            examples[i] = example
     device = next(target.model.model.parameters()).device
     examples = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in e.items()} for e in examples]
     parts = target_parts(target.model)

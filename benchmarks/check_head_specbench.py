@@ -1,0 +1,51 @@
+"""Teacher-forced agreement of draft heads on Spec-Bench answers: python benchmarks/check_head_specbench.py HEAD...
+
+The target answers the first `--per-category` Spec-Bench questions of each category greedily (at
+most `--max-new-tokens` tokens; measured only, never trained on), then each head is scored on those
+answers: the share of answer tokens in its sub-vocabulary and its greedy agreement with the target
+per draft step (`--unroll` steps), per category and overall. It is the check that
+`benchmarks/train_head_gpu.py --check-per-category` runs after training, on any device and heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from train_head_gpu import check_on_specbench  # noqa: E402
+
+from specdec.drafters.head import DraftHead  # noqa: E402
+from specdec.models.loader import load_model  # noqa: E402
+from specdec.train.trainer import TrainConfig  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("heads", nargs="+", help="draft head files (.safetensors)")
+    p.add_argument("--target", default="default")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--per-category", type=int, default=10)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--unroll", type=int, default=2, help="draft steps to score")
+    p.add_argument("--out", default=None, help="JSON file for the results")
+    args = p.parse_args(argv)
+    heads = {Path(h).stem: Path(h) for h in args.heads}
+    layers = sorted({i for path in heads.values() for i in DraftHead.load(path).config.feature_layers})
+    target = load_model(args.target, device=args.device, dtype="fp32", backend="hf")
+    result = check_on_specbench(target, heads, args.per_category, args.max_new_tokens,
+                                TrainConfig(unroll=args.unroll), tuple(layers))
+    for group, by_head in result.items():
+        print(f"{group:15s} " + "  ".join(f"{name} {r['coverage']:.3f} " + " / ".join(f"{a:.2f}" for a in r["agreement"])
+                                          for name, r in by_head.items()))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
