@@ -6,8 +6,10 @@ clock, because the GPU machine that trained the shipped head ran one command of 
 1. data: the target answers `--gen-batch` prompts at a time (shards, as train-draft does) until
    `--prompts` are answered or `--gen-seconds` have passed. make_prompts(n) is a prefix of
    make_prompts(m) for n < m, so the shards are exactly those of `train-draft --prompts N`.
-2. steps: a short probe run times the training steps; then the steps that fit in what is left of
-   `--budget` (capped by `--max-steps`) are trained with the cosine schedule, from scratch.
+2. steps: `--steps N`, or else a short probe run times the training steps and the steps that fit
+   in what is left of `--budget` (capped by `--max-steps`) are trained with the cosine schedule,
+   from scratch. The probe is rough: on the 4.6M-token data it read 126 ms a step in one call and
+   214 ms in the next (10 probe steps), where steps took 89 ms.
 
 With `--source-texts N --followups M` the data starts with the two-stage self-instruct of
 train.data (the target writes N texts, then answers M requests about them, pasted in); with
@@ -56,6 +58,8 @@ def main() -> int:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--gen-batch", type=int, default=512)
     p.add_argument("--max-steps", type=int, default=12000)
+    p.add_argument("--steps", type=int, default=0,
+                   help="train exactly this many steps (no timing probe; the probe's estimate varies 2x between runs)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--unroll", type=int, default=3)
@@ -118,6 +122,44 @@ def main() -> int:
     kinds = {k: sum(1 for path in shards if path.name.startswith(k + "_"))
              for k in ("shard_src", "shard_use", "shard_ask", "shard_ans")}
     print(f"[{clock():.0f}s] {len(examples)} answers, {tokens} answer tokens; self-instruct shards {kinds}", flush=True)
+    steps = args.steps or fit_steps(target, examples, train_config, head_layers, data_dir, args, clock)
+    del examples
+    train_config = replace(train_config, steps=steps)
+    print("equivalent: specdec train-draft --target TARGET --device cuda --dtype fp32 "
+          f"--prompts {n} --source-texts {args.source_texts} --followups {args.followups} "
+          f"--question-lists {args.question_lists} "
+          f"--max-new-tokens {args.max_new_tokens} --gen-batch {args.gen_batch} "
+          f"--steps {steps} --batch-size {args.batch_size} --lr {args.lr} --unroll {args.unroll} "
+          f"--draft-vocab {args.draft_vocab} --max-len {args.max_len} "
+          f"--feature-layers {','.join(map(str, head_layers)) or 'none'} "
+          f"--val-examples {args.val_examples} --eval-every {args.eval_every} "
+          f"--data-dir {data_dir} --out {args.out}", flush=True)
+
+    # 3. The run itself: exactly train-draft's pipeline.
+    out = Path(args.out)
+    Path(str(out) + ".ckpt").unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    summary = train_draft(target, out, data_dir, data_config, train_config, progress=False, head_layers=head_layers)
+    summary.update(train_seconds=round(time.perf_counter() - t0, 1), total_seconds=round(clock(), 1),
+                   ms_per_step=round((time.perf_counter() - t0) / steps * 1000, 2), device=torch.cuda.get_device_name()
+                   if args.device == "cuda" else args.device)
+    if args.check_per_category:
+        heads = {"new": out} | ({"compare": Path(args.compare_head)} if args.compare_head else {})
+        summary["specbench_check"] = check_on_specbench(target, heads, args.check_per_category,
+                                                        args.max_new_tokens, train_config, layers)
+        print(json.dumps(summary["specbench_check"], indent=1), flush=True)
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(summary, indent=1))
+    print("step | loss | held-out greedy agreement per draft step")
+    for h in summary["history"]:
+        print(f"{h['step']:5d} | {h['loss']:.3f} | " + " ".join(f"{v:.3f}" for v in h["val_greedy_agreement"]))
+    print(f"[{clock():.0f}s] {summary['answers']} answers, {summary['answer_tokens']} answer tokens, "
+          f"{steps} steps in {summary['train_seconds']} s -> {out}", flush=True)
+    return 0
+
+
+def fit_steps(target, examples, train_config, head_layers, data_dir: Path, args, clock) -> int:
+    """The steps that fit in what is left of --budget, from a short timed run on a throwaway checkpoint."""
     parts = target_parts(target.model)
     head_config = config_for_target(target.model, args.draft_vocab, head_layers)
     probe_dir = data_dir / "probe"
@@ -135,44 +177,12 @@ def main() -> int:
         marks.append(time.perf_counter() - t0)
     torch.set_float32_matmul_precision("highest")
     shutil.rmtree(probe_dir, ignore_errors=True)
-    del examples
     per_step = max(1e-3, (marks[1] - marks[0]) / (args.probe_steps - 5))
     per_step *= 1.33  # evaluation and checkpoints: the 2.3M-token run took 79 ms a step against a 59-ms probe
     left = args.budget - clock() - 25  # reload of the examples, saving
     steps = int(max(args.eval_every, min(args.max_steps, left / per_step)) // args.eval_every * args.eval_every)
-    train_config = replace(train_config, steps=steps)
     print(f"[{clock():.0f}s] {per_step * 1000:.1f} ms a step; training {steps} steps", flush=True)
-    print("equivalent: specdec train-draft --target TARGET --device cuda --dtype fp32 "
-          f"--prompts {n} --source-texts {args.source_texts} --followups {args.followups} "
-          f"--question-lists {args.question_lists} "
-          f"--max-new-tokens {args.max_new_tokens} --gen-batch {args.gen_batch} "
-          f"--steps {steps} --batch-size {args.batch_size} --lr {args.lr} --unroll {args.unroll} "
-          f"--draft-vocab {args.draft_vocab} --max-len {args.max_len} "
-          f"--feature-layers {','.join(map(str, head_layers)) or 'none'} "
-          f"--val-examples {args.val_examples} --eval-every {args.eval_every} "
-          f"--data-dir {data_dir} --out {args.out}", flush=True)
-
-    # 3. The run itself: exactly train-draft's pipeline.
-    out = Path(args.out)
-    Path(str(out) + ".ckpt").unlink(missing_ok=True)
-    t0 = time.perf_counter()
-    summary = train_draft(target, out, data_dir, data_config, train_config, progress=False, head_layers=head_layers)
-    summary.update(train_seconds=round(time.perf_counter() - t0, 1), total_seconds=round(clock(), 1),
-                   ms_per_step=round(per_step * 1000, 2), device=torch.cuda.get_device_name()
-                   if args.device == "cuda" else args.device)
-    if args.check_per_category:
-        heads = {"new": out} | ({"compare": Path(args.compare_head)} if args.compare_head else {})
-        summary["specbench_check"] = check_on_specbench(target, heads, args.check_per_category,
-                                                        args.max_new_tokens, train_config, layers)
-        print(json.dumps(summary["specbench_check"], indent=1), flush=True)
-    if args.summary:
-        Path(args.summary).write_text(json.dumps(summary, indent=1))
-    print("step | loss | held-out greedy agreement per draft step")
-    for h in summary["history"]:
-        print(f"{h['step']:5d} | {h['loss']:.3f} | " + " ".join(f"{v:.3f}" for v in h["val_greedy_agreement"]))
-    print(f"[{clock():.0f}s] {summary['answers']} answers, {summary['answer_tokens']} answer tokens, "
-          f"{steps} steps in {summary['train_seconds']} s -> {out}", flush=True)
-    return 0
+    return steps
 
 
 def compare_layers(target, shards: list[Path], data_dir: Path, layers: tuple[int, ...], config: TrainConfig,

@@ -158,3 +158,25 @@ def test_batches_by_length_are_runs_of_neighbours_seeded_by_step():
     assert [len(e["ids"]) for e in draw_batch(examples, 3, config)] == [len(e["ids"]) for e in batches[3]]
     mixed = draw_batch(examples, 3, TrainConfig(batch_size=8, by_length=False))
     assert max(e["ids"].shape[0] for e in mixed) - min(e["ids"].shape[0] for e in mixed) > 21
+
+
+def test_grouped_decode_attention_equals_transformers_sdpa_with_a_mask():
+    """The data builder's decode attention (query heads of one KV head as rows of one block) gives
+    what transformers' sdpa path gives with the KV heads repeated, for a padded batch."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from specdec.train.data import _grouped_attention_forward
+
+    torch.manual_seed(0)
+    b, heads, kv_heads, length, d = 3, 6, 2, 11, 8
+    query, key, value = torch.randn(b, heads, 1, d), torch.randn(b, kv_heads, length, d), torch.randn(b, kv_heads, length, d)
+    mask = torch.ones(b, 1, 1, length, dtype=torch.bool)
+    mask[0, ..., :4] = False  # a left-padded row
+    mask[1, ..., 9:] = False  # slots not written yet
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True, training=False)
+    ours, _ = _grouped_attention_forward(module, query, key, value, mask, scaling=d ** -0.5)
+    ref, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=d ** -0.5)
+    assert ours.shape == ref.shape == (b, 1, heads, d)
+    assert torch.allclose(ours, ref, atol=1e-6)  # a wrong head-to-KV-head map would differ (random K/V)

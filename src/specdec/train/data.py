@@ -27,6 +27,7 @@ One example (a dict of tensors) for a text of n tokens whose answer starts at `s
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from contextlib import contextmanager
@@ -177,58 +178,167 @@ def layer_outputs(decoder, layers: tuple[int, ...]):
             handle.remove()
 
 
+GROUPED = "specdec_grouped"
+
+
+def _grouped_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """A decode step's attention for grouped-query heads that reads each cached K/V head once.
+
+    transformers' sdpa path copies every KV head once per query head that shares it whenever a mask
+    is given; with the data builder's batches of 512 rows that copy was most of a step's time. Here
+    the G query heads of one KV head become G query rows ([B, KVH, G, D]) of a single attention.
+    Prefill (more than one query position) keeps transformers' path."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, heads, q, d = query.shape
+    kv_heads = key.shape[1]
+    if q != 1 or kv_heads == heads:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    grouped = query.reshape(b, kv_heads, heads // kv_heads, d)  # query head h reads KV head h // G
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(b, heads, 1, d).transpose(1, 2).contiguous(), None
+
+
+@contextmanager
+def grouped_attention(config):
+    """Run the transformers model of `config` with _grouped_attention_forward while inside."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(GROUPED, _grouped_attention_forward)
+    before = config._attn_implementation
+    config._attn_implementation = GROUPED
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
 def decode_batch(hf_model, input_ids: torch.Tensor, attention: torch.Tensor, max_new_tokens: int, sample: bool,
-                 eos: set[int], top_k: int, check_every: int = 16, layers: tuple[int, ...] = ()):
+                 eos: set[int], top_k: int, check_every: int = 16, layers: tuple[int, ...] = (),
+                 graph: bool | None = None):
     """Batched decoding that keeps only what the head learns from, on the device as it goes.
 
-    The same model calls as transformers' generate() (prefill, then one token at a time with its KV
-    cache; positions from the left-padded attention mask), so greedy answers are generate()'s, but
-    per step it keeps just the final-norm feature [B, D] and the top-k probabilities [B, k] instead
-    of every layer's hidden states and the full logits, and checks for the end only every
-    `check_every` steps (one host sync). Returns answers [B, R], features [B, P + R - 1, W] (bf16;
-    the outputs of `layers`, then the final-norm feature: W = (len(layers) + 1) * D), top_ids
-    [B, R, k], top_p [B, R, k]; rows after a row's end-of-sequence token are junk, cut later.
+    The same computation as transformers' generate() (prefill, then one token at a time; positions
+    from the left-padded attention mask), so greedy answers are generate()'s, but per step it keeps
+    just the features [B, W] and the top-k probabilities [B, k] instead of every layer's hidden
+    states and the full logits, and checks for the end only every `check_every` steps (one host
+    sync). The KV cache is preallocated (transformers' StaticCache) and the mask is built here, so
+    every decode step has the same shapes: on CUDA (graph=None or True) the step is captured once
+    per batch as a CUDA graph and replayed, which takes the host's hundreds of kernel launches a step
+    out of the loop. Returns answers [B, R], features [B, P + R - 1, W] (bf16; the outputs of `layers`,
+    then the final-norm feature: W = (len(layers) + 1) * D), top_ids [B, R, k], top_p [B, R, k];
+    rows after a row's end-of-sequence token are junk, cut later.
     """
     base, lm_head = hf_model.get_decoder(), hf_model.get_output_embeddings()
-    with layer_outputs(base, layers) as grabbed:
-        def features(last):  # [B, T, D] final-norm states -> [B, T, W]
-            return torch.cat([grabbed[i] for i in layers] + [last], dim=-1) if layers else last
-
-        return _decode(base, lm_head, input_ids, attention, max_new_tokens, sample, eos, top_k, check_every,
-                       features, len(layers) + 1)
+    graph = input_ids.device.type == "cuda" if graph is None else graph
+    with layer_outputs(base, layers) as grabbed, grouped_attention(base.config):
+        step = _StaticStep(base, attention, max_new_tokens, grabbed, layers, input_ids.device)
+        return _decode(step, lm_head, input_ids, max_new_tokens, sample, eos, top_k, check_every, graph)
 
 
-def _decode(base, lm_head, input_ids, attention, max_new_tokens, sample, eos, top_k, check_every, features, slices):
-    """decode_batch's loop; features(last_hidden_state) adds the kept layers' outputs."""
+def _decode(step, lm_head, input_ids, max_new_tokens, sample, eos, top_k, check_every, graph):
+    """decode_batch's loop over the steps of `step` (a _StaticStep)."""
     b, width = input_ids.shape
-    steps = max_new_tokens
-    device = input_ids.device
-    mask = torch.cat([attention, torch.ones(b, steps, dtype=attention.dtype, device=device)], dim=1)
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, P + R]
-    eos_ids = torch.tensor(sorted(eos), device=device)
-    answers = torch.zeros(b, steps, dtype=torch.long, device=device)
-    feats = torch.zeros(b, width + steps - 1, slices * base.config.hidden_size, dtype=torch.bfloat16, device=device)
-    top_ids = torch.zeros(b, steps, top_k, dtype=torch.int32, device=device)
-    top_p = torch.zeros(b, steps, top_k, dtype=torch.float16, device=device)
-    done = torch.zeros(b, dtype=torch.bool, device=device)
-    out = base(input_ids=input_ids, attention_mask=mask[:, :width], position_ids=positions[:, :width], use_cache=True)
-    feats[:, :width] = features(out.last_hidden_state)
-    hidden = out.last_hidden_state[:, -1]  # [B, D]
-    for s in range(steps):
+    feats = torch.zeros(b, width + max_new_tokens - 1, step.feature_width, dtype=torch.bfloat16, device=input_ids.device)
+    prefill, hidden = step.prefill(input_ids)
+    feats[:, :width] = prefill
+    forward = step.captured() if graph else step.run
+    answers = torch.zeros(b, max_new_tokens, dtype=torch.long, device=input_ids.device)
+    top_ids = torch.zeros(b, max_new_tokens, top_k, dtype=torch.int32, device=input_ids.device)
+    top_p = torch.zeros(b, max_new_tokens, top_k, dtype=torch.float16, device=input_ids.device)
+    eos_ids = torch.tensor(sorted(eos), device=input_ids.device)
+    done = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
+    for s in range(max_new_tokens):
         probs = torch.softmax(lm_head(hidden).float(), dim=-1)  # [B, V]: predicts answer token s
         top = probs.topk(top_k, dim=-1)
         top_ids[:, s], top_p[:, s] = top.indices.to(torch.int32), top.values.to(torch.float16)
         token = torch.multinomial(probs, 1)[:, 0] if sample else top.indices[:, 0]
         answers[:, s] = token
         done |= torch.isin(token, eos_ids)
-        if s + 1 == steps or ((s + 1) % check_every == 0 and bool(done.all())):
+        if s + 1 == max_new_tokens or ((s + 1) % check_every == 0 and bool(done.all())):
             break
-        at = width + s
-        out = base(input_ids=token[:, None], attention_mask=mask[:, :at + 1], position_ids=positions[:, at:at + 1],
-                   past_key_values=out.past_key_values, use_cache=True)
-        hidden = out.last_hidden_state[:, -1]
-        feats[:, at] = features(out.last_hidden_state)[:, -1]
+        new_feats, hidden = forward(token, width + s)
+        feats[:, width + s] = new_feats
     return answers[:, :s + 1], feats[:, :width + s], top_ids[:, :s + 1], top_p[:, :s + 1]
+
+
+class _StaticStep:
+    """The target's forward over a preallocated KV cache of width + max_new_tokens slots, with the
+    attention mask made here: slot j is visible from slot i when j <= i and j is not padding (a
+    padding slot sees only itself, so that no row of the softmax is empty)."""
+
+    def __init__(self, base, attention: torch.Tensor, max_new_tokens: int, grabbed: dict, layers: tuple[int, ...],
+                 device):
+        from transformers import StaticCache
+
+        b, width = attention.shape
+        total = width + max_new_tokens
+        self.base, self.grabbed, self.layers, self.first_new = base, grabbed, tuple(layers), width
+        self.feature_width = (len(layers) + 1) * base.config.hidden_size
+        mask = torch.cat([attention.to(device), torch.ones(b, max_new_tokens, dtype=attention.dtype, device=device)], 1)
+        self.positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # [B, total]
+        self.real = mask.bool()[:, None, None, :]  # [B, 1, 1, total]
+        self.slots = torch.arange(total, device=device)
+        self.cache = StaticCache(config=base.config, max_cache_len=total)
+        # transformers renamed forward's past_key_values to cache (5.2x); pass it under the name this version takes
+        self.cache_arg = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        # The decode step's inputs live in fixed tensors, so that a CUDA graph can replay it.
+        self.token = torch.zeros(b, 1, dtype=torch.long, device=device)
+        self.at = torch.zeros(1, dtype=torch.long, device=device)
+
+    def _forward(self, ids: torch.Tensor, at: torch.Tensor):
+        """ids [B, q] at cache slots `at` [q] -> (features [B, q, W] bf16, last feature [B, D])."""
+        causal = self.slots[None, :] <= at[:, None]  # [q, total]
+        visible = (self.real & causal) | (self.slots[None, :] == at[:, None])  # [B, 1, q, total]
+        out = self.base(input_ids=ids, attention_mask=visible, position_ids=self.positions[:, at],
+                        use_cache=True, cache_position=at, **{self.cache_arg: self.cache})
+        last = out.last_hidden_state
+        parts = [self.grabbed[i] for i in self.layers] + [last]  # forward hooks kept only these layers' outputs
+        return torch.cat(parts, dim=-1).to(torch.bfloat16), last[:, -1]
+
+    def prefill(self, input_ids: torch.Tensor):
+        return self._forward(input_ids, self.slots[: input_ids.shape[1]])
+
+    def run(self, token: torch.Tensor, at: int):
+        """Feed one token per row at slot `at`: (features [B, W], last feature [B, D])."""
+        self.token.copy_(token[:, None])
+        self.at.fill_(at)
+        feats, last = self._forward(self.token, self.at)
+        return feats[:, -1], last
+
+    def _write_counters(self) -> list[torch.Tensor]:
+        """transformers' StaticLayer writes at its own token counter (a device tensor that each
+        forward advances in place), not at cache_position: the graph's warm-ups must not move it."""
+        layers = getattr(self.cache, "layers", [])
+        return [layer.cumulative_length for layer in layers if torch.is_tensor(getattr(layer, "cumulative_length", None))]
+
+    def captured(self):
+        """`run` as a CUDA graph: its step captured once (after warm-ups on a side stream), then
+        replayed. The warm-ups and the capture write cache slots that later steps overwrite; their
+        advances of transformers' write counters are undone."""
+        self.at.fill_(self.first_new)
+        counters = self._write_counters()
+        saved = [c.clone() for c in counters]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(self.token, self.at)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            feats, last = self._forward(self.token, self.at)
+        for counter, value in zip(counters, saved):  # undo the warm-ups' and the capture's advances
+            counter.copy_(value)
+
+        def replay(token: torch.Tensor, at: int):
+            self.token.copy_(token[:, None])
+            self.at.fill_(at)
+            graph.replay()
+            return feats[:, -1], last
+
+        return replay
 
 
 def _example(prompt: list[int], width: int, answer: torch.Tensor, feats: torch.Tensor, top_ids: torch.Tensor,
