@@ -116,14 +116,11 @@ def main() -> int:
         print(f"[{clock():.0f}s] data only: {len(shards)} shards under {data_dir}", flush=True)
         return 0
 
-    # 2. Time the training steps on a throwaway checkpoint, then fit the steps into the budget.
-    examples = load_examples(shards, device=args.device)
-    tokens = sum(int(e["ids"].shape[0]) - int(e["start"]) for e in examples)
+    # 2. The steps: as given, or timed on a throwaway checkpoint and fitted into the budget.
     kinds = {k: sum(1 for path in shards if path.name.startswith(k + "_"))
              for k in ("shard_src", "shard_use", "shard_ask", "shard_ans")}
-    print(f"[{clock():.0f}s] {len(examples)} answers, {tokens} answer tokens; self-instruct shards {kinds}", flush=True)
-    steps = args.steps or fit_steps(target, examples, train_config, head_layers, data_dir, args, clock)
-    del examples
+    print(f"[{clock():.0f}s] {len(shards)} shards; self-instruct shards {kinds}", flush=True)
+    steps = args.steps or fit_steps(target, shards, train_config, head_layers, data_dir, args, clock)
     train_config = replace(train_config, steps=steps)
     print("equivalent: specdec train-draft --target TARGET --device cuda --dtype fp32 "
           f"--prompts {n} --source-texts {args.source_texts} --followups {args.followups} "
@@ -158,8 +155,10 @@ def main() -> int:
     return 0
 
 
-def fit_steps(target, examples, train_config, head_layers, data_dir: Path, args, clock) -> int:
-    """The steps that fit in what is left of --budget, from a short timed run on a throwaway checkpoint."""
+def fit_steps(target, shards: list[Path], train_config, head_layers, data_dir: Path, args, clock) -> int:
+    """The steps that fit in what is left of --budget, from a short timed run on a throwaway checkpoint.
+    (train_draft loads the examples again and logs their count: these are freed on return.)"""
+    examples = load_examples(shards, device=args.device)
     parts = target_parts(target.model)
     head_config = config_for_target(target.model, args.draft_vocab, head_layers)
     probe_dir = data_dir / "probe"

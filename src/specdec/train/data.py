@@ -240,15 +240,16 @@ def decode_batch(hf_model, input_ids: torch.Tensor, attention: torch.Tensor, max
 def _decode(step, lm_head, input_ids, max_new_tokens, sample, eos, top_k, check_every, graph):
     """decode_batch's loop over the steps of `step` (a _StaticStep)."""
     b, width = input_ids.shape
-    feats = torch.zeros(b, width + max_new_tokens - 1, step.feature_width, dtype=torch.bfloat16, device=input_ids.device)
+    device = input_ids.device
+    feats = torch.zeros(b, width + max_new_tokens - 1, step.feature_width, dtype=torch.bfloat16, device=device)
     prefill, hidden = step.prefill(input_ids)
     feats[:, :width] = prefill
     forward = step.captured() if graph else step.run
-    answers = torch.zeros(b, max_new_tokens, dtype=torch.long, device=input_ids.device)
-    top_ids = torch.zeros(b, max_new_tokens, top_k, dtype=torch.int32, device=input_ids.device)
-    top_p = torch.zeros(b, max_new_tokens, top_k, dtype=torch.float16, device=input_ids.device)
-    eos_ids = torch.tensor(sorted(eos), device=input_ids.device)
-    done = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
+    answers = torch.zeros(b, max_new_tokens, dtype=torch.long, device=device)
+    top_ids = torch.zeros(b, max_new_tokens, top_k, dtype=torch.int32, device=device)
+    top_p = torch.zeros(b, max_new_tokens, top_k, dtype=torch.float16, device=device)
+    eos_ids = torch.tensor(sorted(eos), device=device)
+    done = torch.zeros(b, dtype=torch.bool, device=device)
     for s in range(max_new_tokens):
         probs = torch.softmax(lm_head(hidden).float(), dim=-1)  # [B, V]: predicts answer token s
         top = probs.topk(top_k, dim=-1)
