@@ -60,6 +60,8 @@ def main() -> int:
     p.add_argument("--max-steps", type=int, default=12000)
     p.add_argument("--steps", type=int, default=0,
                    help="train exactly this many steps (no timing probe; the probe's estimate varies 2x between runs)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from OUT.ckpt (a run cut short by the call's limit) instead of starting over")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--unroll", type=int, default=3)
@@ -134,12 +136,18 @@ def main() -> int:
 
     # 3. The run itself: exactly train-draft's pipeline.
     out = Path(args.out)
-    Path(str(out) + ".ckpt").unlink(missing_ok=True)
+    ckpt = Path(str(out) + ".ckpt")
+    first_step = 0
+    if not args.resume:
+        ckpt.unlink(missing_ok=True)
+    elif ckpt.exists():
+        first_step = torch.load(ckpt, weights_only=False, map_location="cpu")["step"]
     t0 = time.perf_counter()
     summary = train_draft(target, out, data_dir, data_config, train_config, progress=False, head_layers=head_layers)
-    summary.update(train_seconds=round(time.perf_counter() - t0, 1), total_seconds=round(clock(), 1),
-                   ms_per_step=round((time.perf_counter() - t0) / steps * 1000, 2), device=torch.cuda.get_device_name()
-                   if args.device == "cuda" else args.device)
+    seconds = time.perf_counter() - t0
+    summary.update(train_seconds=round(seconds, 1), total_seconds=round(clock(), 1), resumed_at_step=first_step,
+                   ms_per_step=round(seconds / max(1, steps - first_step) * 1000, 2),
+                   device=torch.cuda.get_device_name() if args.device == "cuda" else args.device)
     if args.check_per_category:
         heads = {"new": out} | ({"compare": Path(args.compare_head)} if args.compare_head else {})
         summary["specbench_check"] = check_on_specbench(target, heads, args.check_per_category,

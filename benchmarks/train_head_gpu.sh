@@ -20,6 +20,8 @@
 #   --feature-layers 2,15,27`, call 3 the same with `--gen-seconds 0 --prompts 2560 --budget 500
 #   --check-per-category 10 --compare-head src/specdec/data/heads/smollm2-135m-head.safetensors`
 #   (its check did not run: the call's limit came first; it was run afterwards on a CPU).
+# A schedule longer than one call: call 3 `train --gen-seconds 0 ... --steps N` is cut at TRAIN_SECONDS
+#   and exports its last checkpoint; call 4, the same options plus --resume, finishes the schedule.
 # The two-stage run of docs/draft-head.md (not shipped) passed: --draft-vocab 16384 --source-texts 1024
 #   --followups 1536 --max-len 1024 --gen-seconds 230 --budget 470 --check-per-category 10
 #   --compare-head src/specdec/data/heads/smollm2-135m-head.safetensors
@@ -40,7 +42,8 @@ train)
   if [ -f $KEEP/data/winner.txt ] && [[ " $* " != *" --head-layers "* ]]; then
     WINNER=(--head-layers "$(cat $KEEP/data/winner.txt)")
   fi
-  timeout 545 python3 benchmarks/train_head_gpu.py --target $GGUF --out $KEEP/head.safetensors \
+  # TRAIN_SECONDS: stop (and export the checkpoint below) before the call's own limit.
+  timeout "${TRAIN_SECONDS:-545}" python3 benchmarks/train_head_gpu.py --target $GGUF --out $KEEP/head.safetensors \
     --data-dir $KEEP/data --summary $OUT/summary.json "${WINNER[@]}" "${@:2}" 2>&1 | tee $OUT/train.log
   cp $KEEP/data/ab.json $OUT/ 2>/dev/null
   if [ -f $KEEP/head.safetensors ]; then cp $KEEP/head.safetensors $OUT/; exit 0; fi

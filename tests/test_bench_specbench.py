@@ -2,7 +2,7 @@
 
 import json
 
-from specdec.bench.specbench import QUESTIONS, load_questions
+from specdec.bench.specbench import QUESTIONS, category_sizes, load_questions, weighted_to_file
 from tests.helpers_tiny import assert_png, run_bench, scoreboard_rows, tiny_model_dir
 
 
@@ -17,6 +17,18 @@ def test_per_category_takes_the_first_n_of_each():
     assert [q["category"] for q in chosen].count("rag") == 2 and len(chosen) == 4
 
 
+def test_rates_are_weighted_by_each_categorys_size_in_the_file():
+    sizes = category_sizes(str(QUESTIONS))
+    assert sizes["rag"] == 80 and sizes["writing"] == 10 and sum(sizes.values()) == 480
+    rows = [{"category": "writing", "tau": 3.0, "alpha_judged": 0.9, "alpha_by_position": [0.9, 0.8]},
+            {"category": "rag", "tau": 1.5, "alpha_judged": 0.45, "alpha_by_position": [0.45]}]
+    w = weighted_to_file(rows, sizes)
+    assert w["questions_per_category"] == {"writing": 10, "rag": 80}
+    assert abs(w["tau"] - (10 * 3.0 + 80 * 1.5) / 90) < 1e-12
+    assert abs(w["alpha_judged"] - 0.5) < 1e-12 and abs(w["alpha_by_position"][0] - 0.5) < 1e-12
+    assert w["alpha_by_position"][1] == 0.8  # only writing reached a second draft
+
+
 def test_specbench_reports_categories_overall_and_hf_baseline(tmp_path):
     target = tiny_model_dir(tmp_path / "target", seed=0, layers=1)
     code, data = run_bench(["specbench", "--target", str(target), "--categories", "summarization,writing",
@@ -27,6 +39,7 @@ def test_specbench_reports_categories_overall_and_hf_baseline(tmp_path):
         assert row["tau"] >= 1.0 and row["speedup"] > 0
         assert row["hf_tokens_per_second"] > 0 and row["plain_vs_hf"] > 0
     assert data["overall"]["questions"] == 2
+    assert data["weighted_to_question_file"]["questions_per_category"] == {"writing": 10, "summarization": 80}
     assert_png(data["plot"])
     assert len(scoreboard_rows(tmp_path / "out")) == 1
 

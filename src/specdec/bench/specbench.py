@@ -62,6 +62,34 @@ def load_questions(path: str, per_category: int, categories: str | None) -> list
     return chosen
 
 
+def category_sizes(path: str) -> dict[str, int]:
+    """How many questions each category has in the question file."""
+    sizes: dict[str, int] = {}
+    for row in load_questions(path, 10**9, None):
+        sizes[row["category"]] = sizes.get(row["category"], 0) + 1
+    return sizes
+
+
+def weighted_to_file(rows: list[dict], sizes: dict[str, int]) -> dict:
+    """Each measured category's rates weighted by its size in the whole question file: what the sample
+    predicts for the whole benchmark when it takes the same number from a big category and a small one
+    (Spec-Bench: 80 questions in each of five categories, 10 in each of MT-bench's eight)."""
+    weights = [sizes[r["category"]] for r in rows]
+    total = sum(weights)
+
+    def mean(values: list[float]) -> float:
+        return sum(w * v for w, v in zip(weights, values)) / total
+
+    positions = max(len(r["alpha_by_position"]) for r in rows)
+    by_position = []
+    for j in range(positions):  # categories that never reached position j do not count there
+        pairs = [(w, r["alpha_by_position"][j]) for w, r in zip(weights, rows) if len(r["alpha_by_position"]) > j]
+        by_position.append(sum(w * a for w, a in pairs) / sum(w for w, _ in pairs))
+    return {"questions_per_category": {r["category"]: sizes[r["category"]] for r in rows},
+            "tau": mean([r["tau"] for r in rows]), "alpha_judged": mean([r["alpha_judged"] for r in rows]),
+            "alpha_by_position": by_position}
+
+
 class HFGenerate:
     """transformers' own greedy generate() on the target's weights: the reference plain decoder."""
 
@@ -154,6 +182,7 @@ def report(args, target, spec, totals: dict, with_hf: bool) -> None:
         all_hf[1] += b["hf"][1]
         count += rows[-1]["questions"]
     overall = _row("overall", count, all_plain, all_spec, all_hf if with_hf else None)
+    weighted = weighted_to_file(rows, category_sizes(args.questions))
     columns = ["category", "n", "tau", "kept/judged", "plain tok/s", f"{spec.drafter.name} tok/s", "speedup"]
     if with_hf:
         columns += ["plain e2e tok/s", "HF generate() tok/s", "plain/HF"]
@@ -166,7 +195,10 @@ def report(args, target, spec, totals: dict, with_hf: bool) -> None:
                                     r["plain_vs_hf"]] if with_hf else []) for r in rows + [overall]],
                 note="tok/s: decode only (prefill excluded); e2e and HF: prompt to last token; kept/judged: "
                      "drafts kept over drafts the target judged; kept per draft position overall: "
-                     + ", ".join(f"{a:.2f}" for a in overall["alpha_by_position"]))
+                     + ", ".join(f"{a:.2f}" for a in overall["alpha_by_position"])
+                     + "; weighted by each category's size in the question file: tau "
+                     + f"{weighted['tau']:.2f}, kept/judged {weighted['alpha_judged']:.2f}, per position "
+                     + ", ".join(f"{a:.2f}" for a in weighted["alpha_by_position"]))
     fig, ax = new_figure(7, 4)
     ax.bar([r["category"] for r in rows], [r["speedup"] for r in rows], color="tab:green")
     ax.axhline(1.0, color="grey", linewidth=0.8)
@@ -177,7 +209,8 @@ def report(args, target, spec, totals: dict, with_hf: bool) -> None:
     data = {"command": "specbench", "target": target.name, "draft": spec.drafter.name, "k": args.k,
             "temperature": args.temperature, "seed": args.seed,
             "precision": precision_of(target), "max_new_tokens": args.max_new_tokens,
-            "per_category": args.per_category, "categories": rows, "overall": overall, "plot": str(plot)}
+            "per_category": args.per_category, "categories": rows, "overall": overall,
+            "weighted_to_question_file": weighted, "plot": str(plot)}
     finish(args, "specbench", data, ScoreRow(
         target=target.name, draft=spec.drafter.name, k=str(args.k), precision=data["precision"],
         tokens_per_second=overall["tokens_per_second"], speedup=overall["speedup"], tau=overall["tau"],
