@@ -353,7 +353,7 @@ def _article(rng: random.Random, most: int = 10) -> str:
         f"In {city}, officials said on Monday that {n} people had joined a new programme on {topic}.",
         f"{company} announced that it will invest in projects related to {topic} from {year + 1}.",
         f"\"We did not expect this much interest,\" said {name}, who leads the project.",
-        f"The first results are expected next spring, according to a spokesperson.",
+        "The first results are expected next spring, according to a spokesperson.",
         f"Some residents of {city} complained that the plan ignores {other}.",
         f"A survey found that {rng.randint(20, 80)}% of adults had changed their views on {topic}.",
         f"The idea was first proposed in {year} but was dropped because of its cost.",
