@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 from specdec.commands import add_k_flag, positive_int
@@ -64,10 +65,7 @@ def load_questions(path: str, per_category: int, categories: str | None) -> list
 
 def category_sizes(path: str) -> dict[str, int]:
     """How many questions each category has in the question file."""
-    sizes: dict[str, int] = {}
-    for row in load_questions(path, 10**9, None):
-        sizes[row["category"]] = sizes.get(row["category"], 0) + 1
-    return sizes
+    return dict(Counter(row["category"] for row in load_questions(path, 10**9, None)))
 
 
 def weighted_to_file(rows: list[dict], sizes: dict[str, int]) -> dict:
