@@ -26,14 +26,18 @@ VARIANTS = {
 }
 
 
-def hf_model(variant: str, seed: int = 0):
+def hf_model(variant: str, seed: int = 0, random_norms: bool = False, **overrides):
+    """A tiny random model of `variant` (SMALL, changed by overrides); random_norms: RMSNorm weights
+    around 1 instead of exactly 1 (where a test must see the norm weight's effect)."""
     config_cls, model_cls, extra = VARIANTS[variant]
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**SMALL, **extra)).float().eval()
+    model = model_cls(config_cls(**{**SMALL, **extra, **overrides})).float().eval()
     with torch.no_grad():  # random biases (HF initialises them to zero, which would test nothing)
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.5)
+            if random_norms and name.endswith("norm.weight"):
+                p.normal_(1.0, 0.3)
     return model
 
 

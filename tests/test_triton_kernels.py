@@ -21,6 +21,10 @@ def randn(*shape):
     return torch.randn(*shape, generator=GEN)
 
 
+# A model the fused kernels take: head dim 32 (a q/k/v tile holds 16 columns of each half of a head).
+WIDE = dict(hidden_size=128, intermediate_size=192)
+
+
 @pytest.mark.parametrize("rows", [1, 5, 17])
 def test_gemv_prologue_and_epilogues_match_torch(rows):
     x, w, bias, norm, res = randn(rows, 48), randn(40, 48), randn(40), randn(48), randn(rows, 40)
@@ -30,6 +34,30 @@ def test_gemv_prologue_and_epilogues_match_torch(rows):
     torch.testing.assert_close(triton_ops.rms_norm(x, norm, 1e-5), rms_norm(x, norm, 1e-5), **close)
     gate, up = (x @ w.T).chunk(2, dim=-1)
     torch.testing.assert_close(triton_ops.gemv(x, w, swiglu=True), torch.nn.functional.silu(gate) * up, **close)
+
+
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("rows", [1, 17])
+def test_norms_folded_into_the_gemvs_match_rms_norm_then_gemv(rows, split, monkeypatch):
+    """No norm kernel: the kernel that writes x leaves x * g and x's sums of squares per column
+    tile (embed, gemv_then_norm), and the next GEMV scales its accumulator by rstd. Each result
+    against rms_norm then the product, with split-K too, and 48 columns (three 16-column tiles)."""
+    monkeypatch.setattr(triton_ops, "_chosen_tiles", {})
+    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", (16, 32, 4, 1, split))
+    close = dict(atol=1e-4, rtol=1e-4)
+    table, g1, g2 = randn(30, 48), randn(48) + 1, randn(48) + 1
+    tokens = torch.randint(0, 30, (rows,), generator=GEN)
+    w, w2, res, bias = randn(48, 48), randn(40, 48), randn(rows, 48), randn(48)
+    x, inp = triton_ops.embed(tokens, table, g1, 1e-5)
+    torch.testing.assert_close(x, table[tokens])
+    torch.testing.assert_close(triton_ops.gemv(inp, w2), rms_norm(x, g1, 1e-5) @ w2.T, **close)
+    h, h_in = triton_ops.gemv_then_norm(x, w, g2, 1e-5, bias=bias, residual=res)
+    torch.testing.assert_close(h, res + x @ w.T + bias, **close)
+    assert h_in.sq.shape == (rows, 3)  # one sum per 16-column tile of the interpreter's tile
+    gate, up = (rms_norm(h, g2, 1e-5) @ w2.T).chunk(2, dim=-1)
+    torch.testing.assert_close(triton_ops.gemv(h_in, w2, swiglu=True), torch.nn.functional.silu(gate) * up,
+                               **close)
+    assert not triton_ops._tile_counters(x.device).any()
 
 
 @pytest.mark.parametrize("split", [2, 3])
@@ -54,17 +82,26 @@ def test_split_k_gemv_matches_torch_and_resets_its_counters(split, monkeypatch):
     assert not triton_ops._tile_counters(x.device).any()
 
 
-def test_rope_cache_and_attention_match_torch():
-    n_heads, n_kv, hd, slots, n = 4, 2, 16, 320, 5
+@pytest.mark.parametrize("bias", [False, True])
+def test_qkv_rope_and_attention_match_torch(bias):
+    """The q/k/v GEMV of normalised x with RoPE in its epilogue (q out, k and v into the cache at
+    their positions), then attention over the cache split in chunks, against torch."""
+    n_heads, n_kv, hd, slots, n, d = 4, 2, 32, 320, 5, 48
     pos = torch.arange(254, 254 + n)  # across a chunk boundary of the split attention (256)
-    cos, sin = randn(n, hd // 2).repeat(1, 2), randn(n, hd // 2).repeat(1, 2)  # RoPE tables repeat their halves
+    angles = randn(slots, hd // 2)
+    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)  # RoPE tables repeat their halves
     k_cache, v_cache = randn(n_kv, slots, hd), randn(n_kv, slots, hd)
-    qkv = randn(n, (n_heads + 2 * n_kv) * hd)
-    q = triton_ops.rope_and_cache(qkv, cos, sin, pos, k_cache, v_cache, n_heads, n_kv)
+    x, g = randn(n, d), randn(d) + 1
+    w, b = randn((n_heads + 2 * n_kv) * hd, d), (randn((n_heads + 2 * n_kv) * hd) if bias else None)
+    inp = triton_ops.NormInput(x * g, (x * x).sum(-1)[:, None], 1e-5)
+    q = triton_ops.qkv_rope(inp, w, b, cos, sin, pos, k_cache, v_cache, n_heads, n_kv)
+    qkv = rms_norm(x, g, 1e-5) @ w.T + (b if bias else 0)
     q_ref, k_ref, v_ref = qkv.split([n_heads * hd, n_kv * hd, n_kv * hd], dim=-1)
-    torch.testing.assert_close(q, rotate(q_ref.view(n, n_heads, hd), cos, sin).reshape(n, -1))
-    torch.testing.assert_close(k_cache[:, pos], rotate(k_ref.view(n, n_kv, hd), cos, sin).transpose(0, 1))
-    torch.testing.assert_close(v_cache[:, pos], v_ref.view(n, n_kv, hd).transpose(0, 1))
+    close = dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(q, rotate(q_ref.view(n, n_heads, hd), cos[pos], sin[pos]).reshape(n, -1), **close)
+    torch.testing.assert_close(k_cache[:, pos], rotate(k_ref.view(n, n_kv, hd), cos[pos], sin[pos]).transpose(0, 1),
+                               **close)
+    torch.testing.assert_close(v_cache[:, pos], v_ref.view(n, n_kv, hd).transpose(0, 1), **close)
 
     out = triton_ops.attention(q, k_cache, v_cache, pos, n_heads, n_kv)
     for i, p in enumerate(pos.tolist()):  # each token sees the slots up to its own position
@@ -76,19 +113,19 @@ def test_rope_cache_and_attention_match_torch():
 
 @pytest.mark.parametrize("variant", ["llama3-rope-scaling", "qwen2-qkv-bias"])
 def test_fused_steps_match_the_eager_forward(variant):
-    model = hf_model(variant)
+    model = hf_model(variant, random_norms=True, **WIDE)
     eager = NativeLlama.from_hf(model, "eager", max_length=64, pack=False)
     fused = NativeLlama.from_hf(model, "fused", max_length=64, cuda_graphs=True, kernels="triton", pack=False)
     assert fused.fused_kernels
     tokens = torch.randint(0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(2))
-    assert_same_steps(eager, fused, tokens, [20, 1, 5, 1, 2, 3, 7])
+    assert_same_steps(eager, fused, tokens, [20, 1, 5, 1, 2, 3, 7], layers=(0,))
 
 
 def test_greedy_speculation_through_fused_kernels_equals_plain_greedy():
     """The plumbing of verify steps (positions, cache writes, masks, rollback) through the kernels.
     Under the interpreter NumPy may round a row differently by its place in a 16-row tile, so this
     does not prove bit-identity; `specdec bench gpu` checks that on a GPU (row_invariance)."""
-    model = NativeLlama.from_hf(hf_model("llama-untied", seed=4), "fused", max_length=96, cuda_graphs=True,
+    model = NativeLlama.from_hf(hf_model("llama-untied", seed=4, **WIDE), "fused", max_length=96, cuda_graphs=True,
                                 kernels="triton", pack=False)
     prompt = [5, 9, 13, 5, 9, 13, 5, 9, 13, 5, 9]  # repetitive, so prompt lookup drafts
     config = GenerationConfig(max_new_tokens=24, k=4, ignore_eos=True)
@@ -99,13 +136,15 @@ def test_greedy_speculation_through_fused_kernels_equals_plain_greedy():
 
 
 def test_kernel_choice_is_checked(monkeypatch):
-    model = hf_model("llama-untied")
+    model = hf_model("llama-untied", **WIDE)
     with pytest.raises(ValueError, match="kernels must be auto, triton or torch"):
         NativeLlama.from_hf(model, "x", max_length=32, kernels="cuda")
     with pytest.raises(ValueError, match="needs cuda_graphs"):
         NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=False, kernels="triton")
     fused = NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=True, kernels="triton")  # pack left default
     assert fused.fused_kernels and fused.net._packed_lm is None  # the kernels read plain weights
+    with pytest.raises(ValueError, match="head dim 16 is not a power of two >= 32"):
+        NativeLlama.from_hf(hf_model("llama-untied"), "x", max_length=32, cuda_graphs=True, kernels="triton")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="run on CUDA"):
         NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=True, kernels="triton")

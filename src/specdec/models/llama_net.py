@@ -336,13 +336,12 @@ class LlamaNet(nn.Module):
                        capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """Fixed shapes for CUDA graphs: tokens, pos [n] (device tensors); attends over all S slots
         with a mask built on the device, so the host never has to say how long the cache is.
-        fused: the Triton kernels of triton_ops (nine per layer, each row computed independently
+        fused: the Triton kernels of triton_ops (six per layer, each row computed independently
         of the row count) instead of layer_fn."""
         if fused:  # masks by position inside the attention kernel
             from specdec.models import triton_ops
 
-            return self._run(tokens, pos, None, self.slots, triton_ops.fused_layer_step, False,
-                             triton_ops.rms_norm, triton_ops.gemv, capture)
+            return triton_ops.forward(self, tokens, pos, capture)
         mask = self._additive_mask(pos, self.slot_ids)  # [G*n, S]
         return self._run(tokens, pos, mask, self.slots, self.layer_fn, self.math_attention, capture=capture)
 

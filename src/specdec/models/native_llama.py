@@ -16,7 +16,7 @@ count, and an H200 run gave 100% identity (docs/gpu.md); `net.math_attention = T
 faster per step but row-count dependent, so use it together with pad_rows.
 
 `kernels="triton"` runs the graphed steps through the fused Triton kernels of `triton_ops` instead
-(nine kernels per layer, no torch.compile; exact by construction, each row computed the same way
+(six kernels per layer, no torch.compile; exact by construction, each row computed the same way
 whatever the row count). `"auto"` takes them on CUDA when Triton and the shape allow.
 """
 
