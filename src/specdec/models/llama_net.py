@@ -18,11 +18,16 @@ and for single-token steps in whichever plain layout a one-row product reads fas
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specdec.models.llama_config import LlamaArch
+
+log = logging.getLogger(__name__)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -69,13 +74,18 @@ def pack_weight(w: torch.Tensor, rows: int = 5) -> torch.Tensor:
 SINGLE_ROW_COPY_BYTES = 2 << 30  # the most memory the single-row copies of pack_for_cpu may take
 ATTN_SPAN = 128  # eager steps attend over whole blocks of this many cache slots (forward_eager)
 BF16_PACK_ROWS = 8  # oneDNN's row hint for bf16 matrices: 1-16 rows then cost the same (hint 1 was 40% slower)
+BF16_K_CHUNKS = (1024, 512, 256)  # widest input slices tried where a bf16 matrix's rows differ by row count
+EXACT_PASS_ROWS = 64  # row_exact passes up to this many tokens attend token by token (verify passes; not prefill)
 
 
 class CpuMatrix:
     """A weight [out, in] on a CPU, held in the layout each row count reads fastest.
 
-    bf16 (pack_for_cpu on a CPU with bf16 units): prepacked alone, for every row count. The rest
-    of this note is about fp32.
+    bf16 (pack_for_cpu on a CPU with bf16 units): prepacked alone, for every row count. With
+    k_chunk, prepacked in slices of k_chunk input columns whose products add in fp32 in a fixed
+    order, then round once: where oneDNN computes a row differently by its place in a pass of
+    several rows (on a 2-core AMD EPYC with AVX-512 BF16, every matrix with 1536 or more inputs;
+    up to 1024 every row was alike), the slices are computed alike. The rest of this note is about fp32.
 
     One row (every decode step): transposed, [in, out], when the output is at least as wide as the
     input: x @ w_t is a broadcast multiply-add into the whole output row, where F.linear on [out, in]
@@ -93,11 +103,15 @@ class CpuMatrix:
 
     SINGLE_ROW = ("layout", "packed")
 
-    def __init__(self, w: torch.Tensor, multi_rows: int = 5, single_row: str = "layout", keep_plain: bool = False):
+    def __init__(self, w: torch.Tensor, multi_rows: int = 5, single_row: str = "layout", keep_plain: bool = False,
+                 k_chunk: int = 0):
         if single_row not in self.SINGLE_ROW:
             raise ValueError(f"single_row must be one of {self.SINGLE_ROW}, not {single_row!r}")
         w = w.detach()
-        self.packed = pack_weight(w, multi_rows) if multi_rows else None
+        self.chunks = [pack_weight(w[:, k:k + k_chunk].contiguous(), multi_rows)
+                       for k in range(0, w.shape[1], k_chunk)] if k_chunk else []
+        self.k_chunk = k_chunk
+        self.packed = pack_weight(w, multi_rows) if multi_rows and not k_chunk else None
         self.single_packed = single_row == "packed" and self.packed is not None
         self.transposed = w.shape[0] >= w.shape[1] and not self.single_packed
         self.one_row = None if self.single_packed else w.t().contiguous() if self.transposed else w
@@ -106,6 +120,8 @@ class CpuMatrix:
 
     def __call__(self, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         rows = x.shape[0]
+        if self.chunks:
+            return self._sliced(x, b)
         if 1 < rows <= self.few_rows:
             return F.linear(x, self.plain, b)
         if (rows > 1 or self.single_packed) and self.packed is not None:
@@ -113,6 +129,36 @@ class CpuMatrix:
         if not self.transposed:
             return F.linear(x, self.one_row, b)
         return x @ self.one_row if b is None else torch.addmm(b, x, self.one_row)
+
+
+    def _sliced(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        total = None
+        for i, chunk in enumerate(self.chunks):
+            part = torch.ops.mkldnn._linear_pointwise(x[:, i * self.k_chunk:(i + 1) * self.k_chunk].contiguous(),
+                                                      chunk, None, "none", [], "").float()
+            total = part if total is None else total + part
+        if b is not None:
+            total = total + b.float()
+        return total.to(x.dtype)
+
+
+def rows_alike(matrix: CpuMatrix, in_features: int, dtype: torch.dtype, counts=(2, 3, 5, 9, 16)) -> bool:
+    """Whether `matrix` gives each row the same bits in passes of `counts` rows as alone (random rows)."""
+    x = torch.randn(max(counts), in_features, generator=torch.Generator().manual_seed(0)).to(dtype)
+    alone = torch.cat([matrix(x[i:i + 1]) for i in range(max(counts))])
+    return all(torch.equal(matrix(x[:n]), alone[:n]) for n in counts)
+
+
+def row_exact_slices(w: torch.Tensor, multi_rows: int) -> int | None:
+    """For a bf16 weight: 0 if its prepacked rows are alike at every row count, else the widest
+    slicing of its inputs into equal slices of at most BF16_K_CHUNKS[i] columns that makes them so
+    (None if none does). Equal slices: 2 x 768 read 1536 inputs ~7% faster than 1024 + 512."""
+    k = w.shape[1]
+    widths = [-(-k // -(-k // limit)) for limit in BF16_K_CHUNKS if limit < k]
+    for k_chunk in [0] + sorted(set(widths), reverse=True):
+        if rows_alike(CpuMatrix(w, multi_rows, single_row="packed", k_chunk=k_chunk), k, w.dtype):
+            return k_chunk
+    return None
 
 
 def tune_few_rows(matrices: list[CpuMatrix], max_rows: int = 8, repeats: int = 3) -> int:
@@ -166,7 +212,7 @@ def layer_step(
     wo: torch.Tensor, bo: torch.Tensor | None, ffn_norm: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
     cos: torch.Tensor, sin: torch.Tensor, kv_len: int, n_heads: int, n_kv_heads: int, eps: float,
-    math_attention: bool = False,
+    math_attention: bool = False, token_spans: tuple[int, ...] = (),
 ) -> torch.Tensor:
     """One decoder layer on x [n, D]; writes this step's k, v into the cache at `pos` [n].
 
@@ -174,7 +220,9 @@ def layer_step(
     and every layer reuses the same kernels. mask: [G*n, kv_len] additive (0 where the row may
     attend, -inf elsewhere; built once per step, not per layer), or None when every cached slot up
     to kv_len may be seen (a single token). math_attention: softmax(q k^T) v as plain matmuls
-    instead of the fused SDPA kernel.
+    instead of the fused SDPA kernel. token_spans: one SDPA call per token over its own span of
+    slots (its G query rows, the call its single-token step makes), so that a verify pass attends
+    exactly as n single steps would.
     """
     n = x.shape[0]
     hd = k_cache.shape[-1]
@@ -193,9 +241,15 @@ def layer_step(
         if mask is not None:
             scores = scores + mask
         out = torch.matmul(scores.softmax(-1).to(q.dtype), values)
+    elif token_spans:  # query rows are (g, token): token m's G rows are q[..., g * n + m, :]
+        per_token = q.view(1, n_kv_heads, group, n, hd)
+        masks = mask.view(group, n, kv_len)
+        out = torch.stack([F.scaled_dot_product_attention(per_token[:, :, :, m], keys[:, :, :span], values[:, :, :span],
+                                                          attn_mask=masks[:, m, :span])
+                           for m, span in enumerate(token_spans)], dim=3)  # [1, Hkv, G, n, hd]
     else:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-    out = out.view(n_kv_heads, group, n, hd).permute(2, 0, 1, 3).reshape(n, n_heads * hd)
+    out = out.reshape(n_kv_heads, group, n, hd).permute(2, 0, 1, 3).reshape(n, n_heads * hd)
     h = x + linear(out, wo, bo)
     gate, up = linear(rms_norm(h, ffn_norm, eps), w13).chunk(2, dim=-1)  # [n, I] each
     return h + linear(F.silu(gate) * up, w2)
@@ -287,12 +341,20 @@ class LlamaNet(nn.Module):
             single_row = "layout" if size <= SINGLE_ROW_COPY_BYTES else "packed"
         keep_plain = single_row == "layout" and 2 * size <= SINGLE_ROW_COPY_BYTES  # room for a third layout
         options = dict(single_row=single_row, keep_plain=keep_plain, multi_rows=BF16_PACK_ROWS if bf16 else 5)
+        # bf16: per matrix shape, the input slicing under which every row is computed alike (checked here)
+        slices = {tuple(w.shape): row_exact_slices(w, BF16_PACK_ROWS) for w in matrices + [self.lm_weight()]} \
+            if bf16 else {}
         for block in self.layers:
             for name in ("wqkv", "wo", "w13", "w2"):
-                block.packed[name] = CpuMatrix(getattr(block, name).weight, **options)
+                w = getattr(block, name).weight
+                block.packed[name] = CpuMatrix(w, **options, k_chunk=slices.get(tuple(w.shape)) or 0)
                 getattr(block, name).weight = nn.Parameter(torch.empty(0), requires_grad=False)
-        self._packed_lm = CpuMatrix(self.lm_weight(), **options)
-        self.row_exact = bf16
+        self._packed_lm = CpuMatrix(self.lm_weight(), **options, k_chunk=slices.get(tuple(self.lm_weight().shape)) or 0)
+        self.row_exact = bf16 and None not in slices.values()
+        if bf16 and not self.row_exact:
+            log.warning("bf16 matrices of shapes %s give rows that differ by row count on this CPU, even in "
+                        "slices: verify passes may not match single steps bit for bit",
+                        [shape for shape, k in slices.items() if k is None])
         self.few_rows = tune_few_rows([m for block in self.layers for m in block.packed.values()] + [self._packed_lm])
 
     def _run(self, tokens, pos, mask, kv_len, layer_fn, math_attention, norm_fn=rms_norm,
@@ -318,19 +380,25 @@ class LlamaNet(nn.Module):
         """tokens [n] at positions start..start+n-1; each sees the slots up to its own position.
         capture: layers whose outputs come before the final-norm features (see _run).
 
-        With row_exact, attention always runs with a mask over whole blocks of ATTN_SPAN slots:
-        SDPA then reduces over the slots in the same way for a token whether it comes alone or
-        inside a verify pass (over exactly start+n slots, without a mask for one token, a CPU's
-        results differed in the last bits, enough to flip bf16 near-ties); the masked slots add
-        exact zeros. Otherwise (fp32, whose layouts differ by row count anyway) a single token
-        attends over exactly start+1 slots without a mask, ~3% faster a step on the Xeon."""
+        With row_exact, attention always runs with a mask over whole blocks of ATTN_SPAN slots, and
+        a pass of 2..EXACT_PASS_ROWS tokens (a verify pass) attends token by token, each token's
+        query rows over its own span: the very call its single-token step makes, so a token gets
+        the same bits alone or inside a verify pass. One SDPA call over several tokens' rows did
+        not: over exactly start+n slots without a mask, 1-4 of 16 rows differed in the last bits
+        on a Xeon; masked over blocks, one row in 16 at one layer on an AMD EPYC, as a batch too;
+        enough to flip bf16 near-ties. Otherwise (fp32, whose layouts differ by row count anyway)
+        a single token attends over exactly start+1 slots without a mask, ~3% faster a step on the Xeon."""
         n = tokens.shape[0]
         span = start + n
         if self.row_exact:
             span = min(self.slots, -(-span // ATTN_SPAN) * ATTN_SPAN)
         pos = self.slot_ids[start:start + n]
         mask = self._additive_mask(pos, self.slot_ids[:span]) if n > 1 or self.row_exact else None
-        return self._run(tokens, pos, mask, span, layer_step, False, capture=capture)
+        layer_fn = layer_step
+        if self.row_exact and 1 < n <= EXACT_PASS_ROWS:
+            spans = tuple(min(self.slots, -(-(start + m + 1) // ATTN_SPAN) * ATTN_SPAN) for m in range(n))
+            layer_fn = functools.partial(layer_step, token_spans=spans)
+        return self._run(tokens, pos, mask, span, layer_fn, False, capture=capture)
 
     def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, fused: bool = False,
                        capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
