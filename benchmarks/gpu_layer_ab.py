@@ -64,7 +64,8 @@ def measure(size: str, before, prompt, bandwidth: float, seed: int, rounds: int 
         m.rollback(0)
         one, nine = (statistics.median(times[label][r]) for r in (1, 9))
         res[label] = {"step_ms_1": one, "step_ms_9": nine, "ratio_9": nine / one, "runs_1": times[label][1],
-                      "fraction_of_ceiling": nbytes / one / 1e6 / bandwidth, "row_invariance": row_invariance(m, prompt)}
+                      "fraction_of_ceiling": nbytes / one / 1e6 / bandwidth,
+                      "row_invariance": row_invariance(m, prompt)}
     ref = logits["before"]
     res["after_vs_before_rel_err"] = float((logits["after"] - ref).norm() / ref.norm())
     res["argmax_agree"] = float((logits["after"].argmax(-1) == ref.argmax(-1)).float().mean())

@@ -83,7 +83,8 @@ def test_pack_slices_the_shapes_whose_rows_differ(monkeypatch, caplog):
     model = packed_bf16(0)
     assert model.net.layers[0].packed["w2"].k_chunk == 32 and model.net.layers[0].packed["w13"].k_chunk == 0
     assert model.net.row_exact
-    reference = NativeLlama.from_hf(tiny_llama(0, scale=8.0).model.to(torch.bfloat16), "plain", max_length=64, pack=False)
+    reference = NativeLlama.from_hf(tiny_llama(0, scale=8.0).model.to(torch.bfloat16), "plain", max_length=64,
+                                    pack=False)
     tokens = torch.tensor([5, 17, 3, 42, 8])
     torch.testing.assert_close(model.prefill(tokens), reference.prefill(tokens), atol=0.1, rtol=0.05)
     monkeypatch.setattr(llama_net, "rows_alike", lambda m, k, dtype: False)
@@ -108,7 +109,8 @@ def test_verify_passes_attend_token_by_token_where_rows_must_match():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(llama_net.F, "scaled_dot_product_attention", counting)
         by_token = model.forward(tokens[20:25])
-    assert calls == [torch.Size([1, model.arch.n_kv_heads, model.arch.group, model.arch.head_dim])] * (5 * model.arch.n_layers)
+    one_token = torch.Size([1, model.arch.n_kv_heads, model.arch.group, model.arch.head_dim])
+    assert calls == [one_token] * (5 * model.arch.n_layers)
     model.rollback(20)
     model.net.row_exact = False  # the batched attention, for comparison
     torch.testing.assert_close(model.forward(tokens[20:25]), by_token, atol=0.05, rtol=0.02)

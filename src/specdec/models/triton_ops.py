@@ -443,7 +443,8 @@ def _tune(launch, w: torch.Tensor, tiles: list[tuple] = TILES) -> tuple:
 
 
 def qkv_rope(inp: NormInput, w: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-             pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+             pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int,
+             n_kv_heads: int) -> torch.Tensor:
     """rms_norm(x) @ wqkv.T (+ bias) with RoPE, in one kernel: -> rotated q [n, H * hd]; rotated k and
     v go to the caches [Hkv, S, hd] at slots pos [n]. cos, sin: the tables [S, hd]."""
     x = inp.scaled.contiguous()
@@ -635,8 +636,8 @@ def supports(arch) -> str | None:
     return None
 
 
-def layer_step(x: torch.Tensor, inp: NormInput, block, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               arch, next_norm: torch.Tensor | None) -> tuple[torch.Tensor, NormInput | None]:
+def fused_layer_step(x: torch.Tensor, inp: NormInput, block, pos: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, arch, next_norm: torch.Tensor | None) -> tuple[torch.Tensor, NormInput | None]:
     """One decoder layer in six kernels: x [n, D] (and its NormInput) -> the layer's output and the
     next layer's NormInput (next_norm: that layer's attn_norm; None after the last layer)."""
     eps = arch.norm_eps
@@ -660,7 +661,7 @@ def forward(net, tokens: torch.Tensor, pos: torch.Tensor,
     captured = []
     for i, block in enumerate(layers):
         next_norm = layers[i + 1].attn_norm if i + 1 < len(layers) else None
-        x, inp = layer_step(x, inp, block, pos, net.cos, net.sin, a, next_norm)
+        x, inp = fused_layer_step(x, inp, block, pos, net.cos, net.sin, a, next_norm)
         if i in capture:
             captured.append(x)  # a new tensor per layer: nothing overwrites it
     hidden = rms_norm(x, net.norm, a.norm_eps)  # [n, D]
