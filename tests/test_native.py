@@ -244,6 +244,7 @@ def test_large_models_keep_one_copy_on_a_cpu(monkeypatch):
     from specdec.models import llama_net
 
     model = hf_model("llama-untied")
+    monkeypatch.setenv("SPECDEC_CPU_SINGLE_ROW", "layout")  # keep the copies even where prepacked is faster
     small = NativeLlama.from_hf(model, "small", max_length=64)
     monkeypatch.setattr(llama_net, "SINGLE_ROW_COPY_BYTES", 0)
     large = NativeLlama.from_hf(model, "large", max_length=64)
@@ -251,3 +252,28 @@ def test_large_models_keep_one_copy_on_a_cpu(monkeypatch):
     assert large.net.layers[0].packed["w13"].one_row is None and large.net._packed_lm.single_packed
     tokens = torch.randint(0, SMALL["vocab_size"], (12,), generator=torch.Generator().manual_seed(2))
     assert_same_steps(small, large, tokens, [8, 1, 1, 2])
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_single_row_layout_is_chosen_by_timing_and_can_be_forced(monkeypatch):
+    """A single-token step reads the single-row copies or the prepacked matrices, whichever timing
+    at load finds faster (SPECDEC_CPU_SINGLE_ROW forces it); prepacked drops the copies, and the
+    logits agree either way (fp32 tolerance)."""
+    from specdec.models.llama_net import CpuMatrix, tune_single_row
+
+    model = hf_model("llama-untied")
+    timed = NativeLlama.from_hf(model, "timed", max_length=64)
+    assert timed.net.single_row in ("layout", "packed")
+    mats = [m for block in timed.net.layers for m in block.packed.values()] + [timed.net._packed_lm]
+    assert all((m.one_row is None) == (timed.net.single_row == "packed") for m in mats)
+    forced = {}
+    for choice in ("layout", "packed"):
+        monkeypatch.setenv("SPECDEC_CPU_SINGLE_ROW", choice)
+        forced[choice] = NativeLlama.from_hf(model, choice, max_length=64)
+        assert forced[choice].net.single_row == choice
+    assert forced["packed"].net._packed_lm.single_packed and forced["layout"].net._packed_lm.one_row is not None
+    tokens = torch.randint(0, SMALL["vocab_size"], (12,), generator=torch.Generator().manual_seed(5))
+    assert_same_steps(forced["layout"], forced["packed"], tokens, [6, 1, 1, 2, 1])
+    monkeypatch.setenv("SPECDEC_CPU_SINGLE_ROW", "fastest")
+    with pytest.raises(ValueError, match="SPECDEC_CPU_SINGLE_ROW must be one of"):
+        tune_single_row([CpuMatrix(torch.randn(8, 4))])

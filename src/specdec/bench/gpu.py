@@ -540,6 +540,7 @@ def run_cpu(args) -> int:
             same = same and out[0, len(prompt):len(prompt) + cut].tolist() == gen.token_ids[:cut]
     res = {"machine": machine_name(), "torch": torch.__version__, "model": loaded.name, "new_tokens": n,
            "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
+           "native_single_row": native.net.single_row, "native_few_rows": native.net.few_rows,
            "native_tokens_per_s": native_tps, "hf_generate_tokens_per_s": hf_tps,
            "ratio_median": statistics.median(a / b for a, b in zip(native_tps, hf_tps)), "same_tokens": same,
            "native_bf16_tokens_per_s": bf16_tps, "native_prepacked_single_row_tokens_per_s": before_tps,
@@ -551,7 +552,8 @@ def run_cpu(args) -> int:
     out_path.write_text(json.dumps(res, indent=1))
     print(f"CPU ({res['machine']}, {res['threads']} threads, load average {res['load_average'][0]:.1f}), "
           f"{loaded.name}, {n} new tokens, greedy, A/B alternating:")
-    print(f"  native path (engine, no draft): {statistics.median(native_tps):6.1f} tok/s  {native_tps}")
+    print(f"  native path (engine, no draft): {statistics.median(native_tps):6.1f} tok/s  {native_tps}"
+          f"  (one-row steps read: {native.net.single_row}, timed at load)")
     print(f"  native, every step prepacked:   {statistics.median(before_tps):6.1f} tok/s  {before_tps}"
           f"  (the single-row layout before; layout gain {res['layout_gain_median']:.2f}x)")
     print(f"  transformers generate():        {statistics.median(hf_tps):6.1f} tok/s  {hf_tps}")

@@ -161,6 +161,44 @@ def row_exact_slices(w: torch.Tensor, multi_rows: int) -> int | None:
     return None
 
 
+def tune_single_row(matrices: list[CpuMatrix], repeats: int = 5) -> str:
+    """Time one pass over all `matrices` at one row in their single-row layout against prepacked
+    (alternating, best of `repeats`); where prepacked reads at least 3% faster, every step reads it
+    and the single-row copies are dropped (on a 2-core AMD EPYC with AVX-512 the prepacked matrices
+    decoded 23.8 tok/s against 21.1, where on the Xeon and the AVX2 EPYC the layout won). -> the
+    layout applied, "layout" or "packed"; SPECDEC_CPU_SINGLE_ROW=layout|packed forces it."""
+    import os
+    import time
+
+    forced = os.environ.get("SPECDEC_CPU_SINGLE_ROW")
+    if forced is not None and forced not in CpuMatrix.SINGLE_ROW:
+        raise ValueError(f"SPECDEC_CPU_SINGLE_ROW must be one of {CpuMatrix.SINGLE_ROW}, got {forced!r}")
+    if not all(m.one_row is not None and m.packed is not None for m in matrices):
+        return "packed" if all(m.single_packed for m in matrices) else "layout"
+    xs = {m.one_row.shape[0 if m.transposed else 1]: None for m in matrices}
+    xs = {k: torch.randn(1, k) for k in xs}
+
+    def pass_time(packed: bool) -> float:
+        start = time.perf_counter()
+        for m in matrices:
+            x = xs[m.one_row.shape[0 if m.transposed else 1]]
+            torch.ops.mkldnn._linear_pointwise(x, m.packed, None, "none", [], "") if packed else m(x)
+        return time.perf_counter() - start
+
+    choice = forced
+    if choice is None:
+        pass_time(True), pass_time(False)  # warm-up
+        times = {True: float("inf"), False: float("inf")}
+        for _ in range(repeats):
+            for packed in (False, True):
+                times[packed] = min(times[packed], pass_time(packed))
+        choice = "packed" if times[True] < 0.97 * times[False] else "layout"
+    if choice == "packed":
+        for m in matrices:
+            m.single_packed, m.transposed, m.one_row = True, False, None
+    return choice
+
+
 def tune_few_rows(matrices: list[CpuMatrix], max_rows: int = 8, repeats: int = 3) -> int:
     """Time one pass over all `matrices` (a forward's worth of weight reads) at 2, 3, ... rows,
     F.linear on [out, in] against prepacked; set and return few_rows = the largest row count up to
@@ -296,6 +334,7 @@ class LlamaNet(nn.Module):
         self.register_buffer("sin", torch.empty(slots, arch.head_dim), persistent=False)
         self._packed_lm: CpuMatrix | None = None  # the LM head, by pack_for_cpu
         self.few_rows = 0  # passes of 2..few_rows rows read [out, in] (pack_for_cpu times it)
+        self.single_row = "packed"  # or "layout": what a single-token step reads (pack_for_cpu times it)
         # True when every matrix gives a row the same bits at any row count (bf16 prepacked on a
         # CPU): eager attention then keeps that too (forward_eager).
         self.row_exact = False
@@ -329,12 +368,14 @@ class LlamaNet(nn.Module):
         one, and [out, in] for passes of 2..few_rows rows when timing finds that faster here; bf16:
         the prepacked one alone, which reads 1-16 rows in about the same time). The
         layer parameters are then emptied (the CpuMatrix holds what is needed); the embedding
-        stays plain for lookups and the head drafter. single_row None: the faster single-row layout
-        while its second copy of the matrices stays under SINGLE_ROW_COPY_BYTES, else steps of one
-        row read the prepacked matrices too (a large model on a CPU keeps one copy)."""
+        stays plain for lookups and the head drafter. single_row None: the single-row layout where
+        timing finds it faster than prepacked (tune_single_row) and its second copy of the matrices
+        stays under SINGLE_ROW_COPY_BYTES, else steps of one row read the prepacked matrices too (a
+        large model on a CPU keeps one copy)."""
         matrices = [getattr(block, name).weight for block in self.layers for name in ("wqkv", "wo", "w13", "w2")]
         size = sum(w.numel() * w.element_size() for w in matrices + [self.lm_weight()])
         bf16 = self.lm_weight().dtype == torch.bfloat16
+        timed_single_row = single_row is None and not bf16
         if bf16:  # one kernel for every row count: what makes its rows bit for bit alike (row_exact)
             single_row = "packed"
         elif single_row is None:
@@ -350,6 +391,10 @@ class LlamaNet(nn.Module):
                 block.packed[name] = CpuMatrix(w, **options, k_chunk=slices.get(tuple(w.shape)) or 0)
                 getattr(block, name).weight = nn.Parameter(torch.empty(0), requires_grad=False)
         self._packed_lm = CpuMatrix(self.lm_weight(), **options, k_chunk=slices.get(tuple(self.lm_weight().shape)) or 0)
+        self.single_row = single_row
+        if timed_single_row and single_row == "layout":  # whichever single-row layout reads faster here
+            self.single_row = tune_single_row([m for block in self.layers for m in block.packed.values()]
+                                              + [self._packed_lm])
         self.row_exact = bf16 and None not in slices.values()
         if bf16 and not self.row_exact:
             log.warning("bf16 matrices of shapes %s give rows that differ by row count on this CPU, even in "
