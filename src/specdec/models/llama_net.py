@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -108,6 +110,7 @@ class CpuMatrix:
         if single_row not in self.SINGLE_ROW:
             raise ValueError(f"single_row must be one of {self.SINGLE_ROW}, not {single_row!r}")
         w = w.detach()
+        self.in_features = w.shape[1]
         self.chunks = [pack_weight(w[:, k:k + k_chunk].contiguous(), multi_rows)
                        for k in range(0, w.shape[1], k_chunk)] if k_chunk else []
         self.k_chunk = k_chunk
@@ -129,7 +132,6 @@ class CpuMatrix:
         if not self.transposed:
             return F.linear(x, self.one_row, b)
         return x @ self.one_row if b is None else torch.addmm(b, x, self.one_row)
-
 
     def _sliced(self, x: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         total = None
@@ -161,37 +163,41 @@ def row_exact_slices(w: torch.Tensor, multi_rows: int) -> int | None:
     return None
 
 
+def _prepacked(x: torch.Tensor, m: CpuMatrix) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, m.packed, None, "none", [], "")
+
+
+def _pass_seconds(matrices: list[CpuMatrix], product) -> float:
+    """Wall time of product(m) for every matrix: one forward's worth of weight reads."""
+    start = time.perf_counter()
+    for m in matrices:
+        product(m)
+    return time.perf_counter() - start
+
+
 def tune_single_row(matrices: list[CpuMatrix], repeats: int = 5) -> str:
     """Time one pass over all `matrices` at one row in their single-row layout against prepacked
     (alternating, best of `repeats`); where prepacked reads at least 3% faster, every step reads it
     and the single-row copies are dropped (on a 2-core AMD EPYC with AVX-512 the prepacked matrices
     decoded 23.8 tok/s against 21.1, where on the Xeon and the AVX2 EPYC the layout won). -> the
     layout applied, "layout" or "packed"; SPECDEC_CPU_SINGLE_ROW=layout|packed forces it."""
-    import os
-    import time
-
     forced = os.environ.get("SPECDEC_CPU_SINGLE_ROW")
     if forced is not None and forced not in CpuMatrix.SINGLE_ROW:
         raise ValueError(f"SPECDEC_CPU_SINGLE_ROW must be one of {CpuMatrix.SINGLE_ROW}, got {forced!r}")
     if not all(m.one_row is not None and m.packed is not None for m in matrices):
         return "packed" if all(m.single_packed for m in matrices) else "layout"
-    xs = {m.one_row.shape[0 if m.transposed else 1]: None for m in matrices}
-    xs = {k: torch.randn(1, k) for k in xs}
+    xs = {k: torch.randn(1, k) for k in {m.in_features for m in matrices}}
 
-    def pass_time(packed: bool) -> float:
-        start = time.perf_counter()
-        for m in matrices:
-            x = xs[m.one_row.shape[0 if m.transposed else 1]]
-            torch.ops.mkldnn._linear_pointwise(x, m.packed, None, "none", [], "") if packed else m(x)
-        return time.perf_counter() - start
+    def product(packed: bool):
+        return lambda m: _prepacked(xs[m.in_features], m) if packed else m(xs[m.in_features])
 
     choice = forced
     if choice is None:
-        pass_time(True), pass_time(False)  # warm-up
+        _pass_seconds(matrices, product(True)), _pass_seconds(matrices, product(False))  # warm-up
         times = {True: float("inf"), False: float("inf")}
         for _ in range(repeats):
             for packed in (False, True):
-                times[packed] = min(times[packed], pass_time(packed))
+                times[packed] = min(times[packed], _pass_seconds(matrices, product(packed)))
         choice = "packed" if times[True] < 0.97 * times[False] else "layout"
     if choice == "packed":
         for m in matrices:
@@ -204,19 +210,11 @@ def tune_few_rows(matrices: list[CpuMatrix], max_rows: int = 8, repeats: int = 3
     F.linear on [out, in] against prepacked; set and return few_rows = the largest row count up to
     which F.linear was faster at every count (0: prepacked from 2 rows, and the plain copies are
     dropped). Overridden by the environment variable SPECDEC_CPU_FEW_ROWS (for reproducible runs)."""
-    import os
-    import time
-
     def pass_time(rows: int, plain: bool) -> float:
-        xs = {m.plain.shape[1]: torch.randn(rows, m.plain.shape[1]) for m in matrices}
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for m in matrices:
-                x = xs[m.plain.shape[1]]
-                F.linear(x, m.plain) if plain else torch.ops.mkldnn._linear_pointwise(x, m.packed, None, "none", [], "")
-            best = min(best, time.perf_counter() - start)
-        return best
+        xs = {k: torch.randn(rows, k) for k in {m.in_features for m in matrices}}
+        product = (lambda m: F.linear(xs[m.in_features], m.plain)) if plain else \
+            (lambda m: _prepacked(xs[m.in_features], m))
+        return min(_pass_seconds(matrices, product) for _ in range(repeats))
 
     forced = os.environ.get("SPECDEC_CPU_FEW_ROWS")
     few = 0

@@ -45,9 +45,9 @@ Triton's interpreter (TRITON_INTERPRET=1, fp32/fp16 only) for the tests.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -199,7 +199,7 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, sq_in_ptr, g_ptr, scaled_ptr
     """y[m, n] = epilogue(sum_k x[m, k] * w[n, k]); with SWIGLU, w has 2N rows (gate, up).
 
     NORMED: x is rms_norm's input times the norm weight, and the accumulator is scaled by each
-    row's rstd (from the sums of squares sq_in, [T_in, M]) before rounding: rms_norm(x0) @ w.T =
+    row's rstd (from the sums of squares sq_in, [M, T_in]) before rounding: rms_norm(x0) @ w.T =
     rstd * ((x0 * g) @ w.T). EMIT: also write y * g and y's sums of squares per column tile
     ([M, N / BLOCK_N]), the next NORMED GEMV's inputs. SPLIT > 1 (split-K, for matrices too small to
     keep every SM streaming): see _split_k_sum."""
