@@ -8,18 +8,18 @@ prefix (rule 2 of the design).
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Iterator
 
 import torch
 
-from specdec.drafters.base import Drafter
+from specdec.clock import PhaseClock, TokenReader, token_tensor
+from specdec.drafters.base import Drafter, empty_draft
 from specdec.errors import InvalidRequestError
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingParams, warp_logits
-from specdec.verify import Verdict, verify_greedy, verify_sampled
+from specdec.verify import Verdict, greedy_outcome, read_round, sampled_outcome
 
 
 class Origin(str, Enum):
@@ -147,12 +147,16 @@ class Generation:
 class Engine:
     """Speculative decoding of one sequence at a time with a target and any drafter."""
 
-    def __init__(self, target: CausalLM, drafter: Drafter, eos_token_ids=(), decode=None):
-        """eos_token_ids: ids that end generation. decode: list[int] -> str, needed for stop strings."""
+    def __init__(self, target: CausalLM, drafter: Drafter, eos_token_ids=(), decode=None,
+                 overlap: bool | None = None):
+        """eos_token_ids: ids that end generation. decode: list[int] -> str, needed for stop strings.
+        overlap: with a drafter that drafts nothing, queue each plain step before reading the token of
+        the one before (default: on CUDA, where the GPU then stays busy while the host checks it)."""
         self.target = target
         self.drafter = drafter
         self.eos_token_ids = frozenset(eos_token_ids)
         self.decode = decode
+        self.overlap = target.device.type == "cuda" if overlap is None else overlap
 
     def generate(self, prompt: list[int], config: GenerationConfig) -> Generation:
         """Run to the end and return the finished Generation."""
@@ -180,28 +184,39 @@ class Engine:
     def _rounds(
         self, context: list[int], config: GenerationConfig, stats: SpecStats, generation: Generation
     ) -> Iterator[EmittedToken]:
+        generator = config.sampling.make_generator(self.target.device)
+        clock = PhaseClock(self.target.device, stats)
+        try:
+            self.target.reset()
+            features = self._prefill(self._tensor(context[:-1])) if len(context) > 1 else None
+            self.drafter.begin(context)
+            if features is not None:
+                self.drafter.observe(features)
+            clock.lap("prefill_time")
+            plain = self.overlap and self.drafter.drafts_nothing and not self.drafter.needs_target_features
+            rounds = self._plain_steps if plain else self._spec_rounds
+            yield from rounds(context, config, stats, generation, clock, generator)
+        finally:
+            clock.settle(wait=True)
+
+    def _spec_rounds(self, context: list[int], config: GenerationConfig, stats: SpecStats,
+                     generation: Generation, clock: PhaseClock, generator) -> Iterator[EmittedToken]:
+        """Draft, verify, keep a prefix: the host waits for the GPU once a round, for the verdict."""
         params = config.sampling
-        generator = params.make_generator(self.target.device)
-        clock = _Clock(self.target.device)
-        self.target.reset()
-        features = self._prefill(self._tensor(context[:-1])) if len(context) > 1 else None
-        self.drafter.begin(context)
-        if features is not None:
-            self.drafter.observe(features)
-        stats.prefill_time = clock.lap()
         prompt_len = len(context)
         text_checked = 0
+        pending = self._tensor(context[-1:])  # stays on the device: the verdict's token feeds the next round
         while True:
             remaining = config.max_new_tokens - (len(context) - prompt_len)
             k = max(0, min(config.k, remaining - 1))  # a round emits up to k + 1 tokens
             draft = self.drafter.propose(context, k, params, generator) if k else None
-            stats.draft_time += clock.lap()
-            draft_tokens = draft.tokens if draft is not None else self._tensor([])
-            verdict = self._verify(context[-1], draft_tokens, draft.q if draft is not None else None,
-                                   params, generator)
+            clock.lap("draft_time")
+            draft_tokens = draft.tokens if draft is not None else empty_draft(self.target.device).tokens
+            verdict, kept, pending = self._verify(pending, draft_tokens, draft.q if draft is not None else None,
+                                                  params, generator)
             self._rollback(len(context) + verdict.num_accepted)
-            stats.verify_time += clock.lap()
-            new = draft_tokens[: verdict.num_accepted].tolist() + [verdict.next_token]
+            clock.lap("verify_time")
+            new = kept + [verdict.next_token]
             origins = [Origin.ACCEPTED] * verdict.num_accepted + [
                 Origin.BONUS if verdict.all_accepted else Origin.RECOVERED
             ]
@@ -213,25 +228,70 @@ class Engine:
                 if reason:
                     break
             stats.record_round(verdict, emitted)
-            stats.other_time += clock.lap()
+            clock.lap("other_time")
             for token, origin in zip(new[:emitted], origins):
                 yield EmittedToken(token, origin, stats.rounds - 1)
             if reason:
                 generation.finish_reason = reason
                 return
             text_checked = len(context) - prompt_len
-            clock.lap()  # time spent by the consumer between rounds is not ours
+            clock.lap(None)  # time spent by the consumer between rounds is not ours
 
-    def _verify(self, pending: int, draft_tokens, q, params: SamplingParams, generator) -> Verdict:
-        """One target pass over [pending, drafts...] and the rejection rule."""
-        logits, features = self._target_pass(torch.cat([self._tensor([pending]), draft_tokens]))  # [k+1, V]
-        if params.greedy:
-            verdict = verify_greedy(logits.argmax(-1), draft_tokens)
-        else:
-            verdict = verify_sampled(warp_logits(logits, params), draft_tokens, q, generator)
+    def _plain_steps(self, context: list[int], config: GenerationConfig, stats: SpecStats,
+                     generation: Generation, clock: PhaseClock, generator) -> Iterator[EmittedToken]:
+        """Plain decoding one step ahead: step t + 1 is queued, fed with token t while that is still
+        on the device, before the host reads token t and checks it for a stop; a stop rolls the
+        extra token back out of the cache. The same steps as one at a time, so the same tokens."""
+        params = config.sampling
+        prompt_len = len(context)
+        text_checked = 0
+        no_drafts = empty_draft(self.target.device).tokens
+        reader = TokenReader(self.target.device)
+        token = self._plain_step(self._tensor(context[-1:]), no_drafts, params, generator)
+        reader.send(token)
+        while True:
+            last = len(context) + 1 - prompt_len >= config.max_new_tokens  # no step may follow this token
+            if not last:
+                ahead = self._plain_step(token.reshape(1), no_drafts, params, generator)
+                reader.send(ahead)
+            context.append(reader.receive())
+            clock.lap("verify_time")
+            reason = self._finish_reason(context, prompt_len, config, text_checked)
+            if reason and not last:
+                self.target.rollback(len(context) - 1)  # the step queued ahead was fed this token
+            stats.record_round(Verdict(num_accepted=0, next_token=context[-1], num_drafted=0), 1)
+            yield EmittedToken(context[-1], Origin.BONUS, stats.rounds - 1)
+            if reason:
+                generation.finish_reason = reason
+                return
+            text_checked = len(context) - prompt_len
+            clock.lap(None)  # time spent by the consumer is not ours
+            token = ahead
+
+    def _plain_step(self, pending: torch.Tensor, no_drafts: torch.Tensor, params: SamplingParams,
+                    generator) -> torch.Tensor:
+        """Queue one target step on pending [1]; the token it picks, 0-d, on the device."""
+        logits, _ = self._target_pass(pending)
+        return self._outcome(logits, no_drafts, None, params, generator)[1]
+
+    def _verify(self, pending: torch.Tensor, draft_tokens, q, params: SamplingParams,
+                generator) -> tuple[Verdict, list[int], torch.Tensor]:
+        """One target pass over [pending, drafts...] and the rejection rule. Read on the host, in the
+        round's one wait for the GPU: the verdict and the kept drafts; left on the device: the next
+        token [1], the next round's pending token."""
+        logits, features = self._target_pass(torch.cat([pending, draft_tokens]))  # [k+1, V]
+        num_accepted, next_token = self._outcome(logits, draft_tokens, q, params, generator)
+        verdict, kept = read_round(num_accepted, next_token, draft_tokens)
         if features is not None:  # the pending token and the kept drafts are now part of the text
             self.drafter.observe(features[: verdict.num_accepted + 1])
-        return verdict
+        return verdict, kept, next_token.reshape(1)
+
+    @staticmethod
+    def _outcome(logits, draft_tokens, q, params: SamplingParams, generator):
+        """The rule for this round's sampling, on the device: (num_accepted, next_token)."""
+        if params.greedy:
+            return greedy_outcome(logits.argmax(-1), draft_tokens)
+        return sampled_outcome(warp_logits(logits, params), draft_tokens, q, generator)
 
     def _prefill(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """Run the prompt minus its last token into the target's cache; features only if the drafter reads them."""
@@ -267,19 +327,4 @@ class Engine:
         return any(s in window for s in stop)
 
     def _tensor(self, ids: list[int]) -> torch.Tensor:
-        return torch.tensor(ids, dtype=torch.long, device=self.target.device)
-
-
-class _Clock:
-    """Lap timer; on CUDA it waits for queued work so that each lap is charged to the right phase."""
-
-    def __init__(self, device: torch.device):
-        self._cuda = device.type == "cuda"
-        self._last = time.perf_counter()
-
-    def lap(self) -> float:
-        if self._cuda:
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        elapsed, self._last = now - self._last, now
-        return elapsed
+        return token_tensor(ids, self.target.device)

@@ -68,11 +68,21 @@ def verify_sampled(
     q: torch.Tensor | None,
     generator: torch.Generator | None = None,
 ) -> Verdict:
-    """Settle all K positions of a round at once.
+    """Settle all K positions of a round at once (see sampled_outcome); one read of the result."""
+    return read_verdict(*sampled_outcome(p, draft_tokens, q, generator), draft_tokens.shape[0])
+
+
+def sampled_outcome(
+    p: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor | None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rejection rule over a round, left on the device: (num_accepted, next_token), 0-d long.
 
     p: [K+1, V] target probabilities (row i predicts the token after draft i-1; row K is for the bonus).
     draft_tokens: [K] long. q: [K, V] draft probabilities, or None for a one-hot (deterministic) draft.
-    Everything stays on p's device until the single read of the result at the end.
+    Nothing is read back, so the caller decides when (or whether) to wait for it.
     """
     k = draft_tokens.shape[0]
     rows = torch.arange(k, device=p.device)
@@ -86,19 +96,33 @@ def verify_sampled(
     # Row n of the fix-up table: the residual at a rejection, or p itself for the bonus (q = 0 there).
     q_padded = torch.cat([q, torch.zeros_like(p[:1])])  # [K+1, V]
     fixup = residual(p, q_padded)
-    next_token = sample(fixup[num_accepted], generator)
-    n, tok = torch.stack([num_accepted, next_token]).tolist()
-    return Verdict(num_accepted=n, next_token=tok, num_drafted=k)
+    return num_accepted, sample(fixup[num_accepted], generator)
 
 
 def verify_greedy(target_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> Verdict:
-    """Greedy rule: keep drafts while they equal the target's argmax.
+    """Greedy rule: keep drafts while they equal the target's argmax (see greedy_outcome)."""
+    return read_verdict(*greedy_outcome(target_tokens, draft_tokens), draft_tokens.shape[0])
+
+
+def greedy_outcome(target_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy rule left on the device: (num_accepted, next_token), 0-d long.
 
     target_tokens: [K+1] the target's argmax at each position. draft_tokens: [K].
     """
     k = draft_tokens.shape[0]
     agree = (target_tokens[:k] == draft_tokens).long()
     num_accepted = agree.cumprod(0).sum()
-    next_token = target_tokens[num_accepted]
+    return num_accepted, target_tokens[num_accepted]
+
+
+def read_verdict(num_accepted: torch.Tensor, next_token: torch.Tensor, num_drafted: int) -> Verdict:
+    """The host's one read of a round's outcome."""
     n, tok = torch.stack([num_accepted, next_token]).tolist()
-    return Verdict(num_accepted=n, next_token=tok, num_drafted=k)
+    return Verdict(num_accepted=n, next_token=tok, num_drafted=num_drafted)
+
+
+def read_round(num_accepted: torch.Tensor, next_token: torch.Tensor,
+               draft_tokens: torch.Tensor) -> tuple[Verdict, list[int]]:
+    """The outcome and the kept drafts [n] in one read (on a GPU, each read waits for the queue)."""
+    n, tok, *drafts = torch.cat([torch.stack([num_accepted, next_token]), draft_tokens]).tolist()
+    return Verdict(num_accepted=n, next_token=tok, num_drafted=len(drafts)), drafts[:n]

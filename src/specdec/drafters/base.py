@@ -32,6 +32,7 @@ class Drafter(ABC):
     name: str = "drafter"
     needs_target_features: bool = False  # True: the engine calls observe() with the target's features
     feature_layers: tuple[int, ...] = ()  # which layers' outputs come with them (CausalLM.forward_with_hidden)
+    drafts_nothing: bool = False  # True: every round is one plain step (the engine may queue steps ahead)
 
     def begin(self, prompt: list[int]) -> None:
         """A new sequence starts with these prompt tokens."""

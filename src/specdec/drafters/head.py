@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.clock import token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.errors import ModelLoadError
 from specdec.models.base import check_feature_layers
@@ -302,7 +303,7 @@ class HeadDrafter(Drafter):
         if self._true_pairs < n:  # run the true pairs not yet in the cache
             self._feats = [torch.cat(self._feats)]
             feats = self._feats[0][self._true_pairs:n]  # [m, D]
-            tokens = torch.tensor(context[self._true_pairs + 1:n + 1], dtype=torch.long, device=self.device)
+            tokens = token_tensor(context[self._true_pairs + 1:n + 1], self.device)
             self._last_true = self._step(feats, tokens, self._true_pairs)  # [D] predicted f_n
             self._true_pairs = n
         h = self._last_true

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.clock import token_tensor
 from specdec.drafters.base import Draft, Drafter
 from specdec.sampling import SamplingParams
 
@@ -69,4 +70,4 @@ class LookupDrafter(Drafter):
         return self.draft_of(self.find(context, k)[1])
 
     def draft_of(self, tokens: list[int]) -> Draft:
-        return Draft(torch.tensor(tokens, dtype=torch.long, device=self.device))
+        return Draft(token_tensor(tokens, self.device))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.clock import token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingParams, sample, warp_logits
@@ -59,4 +60,4 @@ class ModelDrafter(Drafter):
         return logits[: self.vocab_size]
 
     def _tensor(self, ids: list[int]) -> torch.Tensor:
-        return torch.tensor(ids, dtype=torch.long, device=self.model.device)
+        return token_tensor(ids, self.model.device)

@@ -10,6 +10,7 @@ from specdec.sampling import SamplingParams
 
 class NoDrafter(Drafter):
     name = "none"
+    drafts_nothing = True
 
     def __init__(self, device: torch.device):
         self.device = device

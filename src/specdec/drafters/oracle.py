@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.clock import token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingParams
@@ -111,7 +112,7 @@ class OracleDrafter(Drafter):
         return q
 
     def _tensor(self, ids: list[int]) -> torch.Tensor:
-        return torch.tensor(ids, dtype=torch.long, device=self.device)
+        return token_tensor(ids, self.device)
 
 
 def _factory(target, arg: str, dtype=None) -> Drafter:

@@ -1,0 +1,147 @@
+"""What the host waits for. A speculative round reads the device once (on a GPU every read waits
+for the queue to drain); plain decoding one step ahead (Engine(overlap=True)) gives the tokens of
+one step at a time, stops where they stop, and leaves the cache as the round loop does; the phase
+clock charges time without waiting."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdec import clock as clock_module
+from specdec.clock import PhaseClock, TokenReader, token_tensor
+from specdec.drafters import LookupDrafter, ModelDrafter, NoDrafter
+from specdec.engine import Engine, GenerationConfig, SpecStats
+from specdec.sampling import SamplingParams
+from tests.conftest import VOCAB
+from tests.test_engine_greedy import PROMPTS, plain_greedy
+
+CPU = torch.device("cpu")
+SAMPLINGS = [SamplingParams(), SamplingParams(temperature=1.0, seed=3),
+             SamplingParams(temperature=0.8, top_k=8, top_p=0.9, seed=11)]
+
+
+READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")  # a tensor's value reaching Python
+
+
+@pytest.fixture
+def count_reads(monkeypatch):
+    """Counts every read of a tensor's value on the host while the test runs."""
+    counts = {"reads": 0}
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, **kwargs):
+            counts["reads"] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize("params", SAMPLINGS[:2], ids=["greedy", "t1"])
+@pytest.mark.parametrize("kind", ["model", "lookup"])
+def test_a_round_reads_the_device_once(tiny_target, tiny_draft, count_reads, kind, params):
+    drafter = ModelDrafter(tiny_draft, VOCAB) if kind == "model" else LookupDrafter(CPU)
+    engine = Engine(tiny_target, drafter)
+    gen = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=30, k=3, sampling=params))
+    assert gen.stats.drafted > 0 and len(gen.token_ids) == 30
+    assert count_reads["reads"] == gen.stats.rounds
+
+
+def test_plain_decoding_one_step_ahead_reads_each_token_once(tiny_target, count_reads):
+    gen = plain_engine(tiny_target, overlap=True).generate(PROMPTS[1], GenerationConfig(max_new_tokens=12))
+    assert count_reads["reads"] == len(gen.token_ids) == 12
+
+
+def plain_engine(target, overlap: bool, **kwargs) -> Engine:
+    return Engine(target, NoDrafter(CPU), overlap=overlap, **kwargs)
+
+
+@pytest.mark.parametrize("params", SAMPLINGS, ids=["greedy", "t1", "warped"])
+def test_overlapped_plain_decoding_gives_the_tokens_of_single_steps(tiny_target, params):
+    config = GenerationConfig(max_new_tokens=25, sampling=params)
+    for prompt in PROMPTS:
+        ahead = plain_engine(tiny_target, overlap=True).generate(prompt, config)
+        single = plain_engine(tiny_target, overlap=False).generate(prompt, config)
+        assert ahead.token_ids == single.token_ids
+        assert ahead.finish_reason == single.finish_reason == "length"
+        assert ahead.stats.generated == ahead.stats.rounds == 25
+        if params.greedy:
+            assert ahead.token_ids == plain_greedy(tiny_target, prompt, 25)
+
+
+def test_a_stop_rolls_back_the_step_queued_past_it(tiny_target):
+    prompt = PROMPTS[1]
+    expected = plain_greedy(tiny_target, prompt, 20)
+    eos = expected[5]
+    engine = plain_engine(tiny_target, overlap=True, eos_token_ids=[eos])
+    gen = engine.generate(prompt, GenerationConfig(max_new_tokens=20))
+    assert gen.token_ids == expected[: expected.index(eos) + 1] and gen.finish_reason == "stop"
+    # The invariant of the round loop: the cache holds the text minus its newest token.
+    assert tiny_target.cache_len == len(prompt) + len(gen.token_ids) - 1
+    decode = lambda ids: " ".join(f"t{i}" for i in ids)  # noqa: E731
+    engine = plain_engine(tiny_target, overlap=True, decode=decode)
+    stop = f"t{expected[7]}"
+    gen = engine.generate(prompt, GenerationConfig(max_new_tokens=20, stop=(stop,)))
+    assert gen.token_ids == expected[: expected.index(expected[7]) + 1] and gen.finish_reason == "stop"
+    assert tiny_target.cache_len == len(prompt) + len(gen.token_ids) - 1
+
+
+def test_a_single_new_token_queues_nothing_ahead(tiny_target):
+    expected = plain_greedy(tiny_target, PROMPTS[0], 1)
+    gen = plain_engine(tiny_target, overlap=True).generate(PROMPTS[0], GenerationConfig(max_new_tokens=1))
+    assert gen.token_ids == expected
+    assert tiny_target.cache_len == len(PROMPTS[0])  # the prompt only: the one step fed its last token
+
+
+class CountingLM:
+    """Wraps a CausalLM and counts its forward calls."""
+
+    def __init__(self, model):
+        self._model = model
+        self.forwards = 0
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def forward(self, tokens):
+        self.forwards += 1
+        return self._model.forward(tokens)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_next_step_is_queued_before_a_token_is_handed_out(tiny_target, overlap):
+    counting = CountingLM(tiny_target)
+    gen = plain_engine(counting, overlap=overlap).stream(PROMPTS[1], GenerationConfig(max_new_tokens=6))
+    seen = [counting.forwards for _ in gen]  # the prefill goes through the wrapped model's extend
+    ahead = [min(i + 2, 6) for i in range(6)] if overlap else [i + 1 for i in range(6)]
+    assert seen == ahead
+
+
+def test_overlap_leaves_drafting_engines_to_the_round_loop(tiny_target):
+    engine = Engine(tiny_target, LookupDrafter(CPU), overlap=True)
+    gen = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=40, k=4))
+    assert gen.token_ids == plain_greedy(tiny_target, PROMPTS[0], 40)
+    assert gen.stats.drafted > 0 and gen.stats.rounds < 40
+
+
+def test_phase_clock_charges_each_lap_to_its_phase(monkeypatch):
+    now = iter([10.0, 10.5, 10.75, 12.0])  # the clock's readings: start, then one per lap
+    monkeypatch.setattr(clock_module, "time", SimpleNamespace(perf_counter=lambda: next(now)))
+    stats = SpecStats()
+    clock = PhaseClock(CPU, stats)
+    clock.lap("draft_time")
+    clock.lap(None)  # e.g. the consumer's time: charged to nobody
+    clock.lap("verify_time")
+    clock.settle(wait=True)
+    assert (stats.draft_time, stats.verify_time, stats.other_time) == (0.5, 1.25, 0.0)
+    assert stats.decode_time == 1.75
+
+
+def test_token_helpers_on_cpu():
+    assert token_tensor([3, 1, 4], CPU).tolist() == [3, 1, 4]
+    reader = TokenReader(CPU)
+    reader.send(torch.tensor(7))
+    reader.send(torch.tensor(9))
+    assert (reader.receive(), reader.receive()) == (7, 9)
