@@ -454,6 +454,9 @@ def print_table(res: dict) -> None:
         kc, kb = a["by_k"][a["k_calc"]], a["by_k"][a["k_best"]]
         lines.append(f"oracle alpha {alpha}: K_calc={a['k_calc']} {kc['speedup']:.2f}x (formula {kc['predicted']:.2f}x)"
                      f"  best K={a['k_best']} {kb['speedup']:.2f}x (formula {kb['predicted']:.2f}x)")
+    points = [r for a in o["alphas"].values() for r in a["by_k"].values()]
+    lines.append(f"oracle (alpha, K) points within 10% of the formula: "
+                 f"{sum(r['within_10pct_of_formula'] for r in points)} of {len(points)}")
     eager = res.get("hf_generate_eager_tps")
     if isinstance(eager, float):
         lines.append(f"HF generate eager               {eager:8.1f} tok/s  native plain is {d['tokens_per_s'] / eager:.1f}x")
