@@ -4,8 +4,10 @@
 
 OLD_ENGINE.py is an earlier src/specdec/engine.py (e.g. `git show REV:src/specdec/engine.py`); both
 engines drive the same random-weight Llama-3.1-8B-shape target and Llama-3.2-1B-shape draft in bf16
-through plain decoding and the oracle drafter, alternating run by run. Prints tokens/s of each,
-their ratio, whether both gave the same tokens, and the bare decode loop (no engine) for
+through plain decoding and the oracle drafter, alternating run by run. Prints tokens/s of each
+(wall clock around generate(), prefill included, the same yardstick for both; and each engine's own
+decode-time figure), their ratio, whether both gave the same tokens, how many synchronising calls
+PyTorch saw per round (torch.cuda.set_sync_debug_mode), and the bare decode loop (no engine) for
 reference; checks on the device that an EOS stop with the step queued ahead leaves the cache as
 the round loop does. `--smoke`: tiny models on the CPU, to shake out errors.
 """
@@ -17,6 +19,8 @@ import importlib.util
 import json
 import statistics
 import sys
+import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -40,11 +44,37 @@ def load_engine_class(path: str):
     return module.Engine
 
 
-def run(engine, prompts, new_tokens: int, k: int) -> tuple[float, list[list[int]]]:
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run(engine, prompts, new_tokens: int, k: int) -> tuple[dict, list[list[int]]]:
+    """Greedy generations: tokens/s by the wall clock (prefill included) and by the engine's stats."""
     config = GenerationConfig(max_new_tokens=new_tokens, k=k, ignore_eos=True)
+    device = engine.target.device.type
+    synchronize(device)
+    t0 = time.perf_counter()
     gens = [engine.generate(p, config) for p in prompts]
+    synchronize(device)
+    wall = time.perf_counter() - t0
     tokens = sum(g.stats.generated for g in gens)
-    return tokens / sum(g.stats.decode_time for g in gens), [g.token_ids for g in gens]
+    return ({"wall": tokens / wall, "stats": tokens / sum(g.stats.decode_time for g in gens),
+             "rounds": sum(g.stats.rounds for g in gens)}, [g.token_ids for g in gens])
+
+
+def syncs_per_round(engine, prompt, new_tokens: int, k: int) -> float | None:
+    """Synchronising calls PyTorch reports (set_sync_debug_mode("warn")) per round of one generation."""
+    if engine.target.device.type != "cuda":
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            res, _ = run(engine, [prompt], new_tokens, k)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught) / res["rounds"]
 
 
 def eos_check(target, prompt: list[int], continuation: list[int]) -> dict:
@@ -79,7 +109,7 @@ def main() -> int:
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, target.vocab_size, (args.context,), generator=gen).tolist()
                for _ in range(args.prompts)]
-    target.capture(*{1} | {k + 1 for _, k in ORACLE})
+    target.capture(*range(1, max(k for _, k in ORACLE) + 2))  # every row count a generation's last rounds use
     draft.capture(1, 2)
     _, continuations = run(Engine(target, NoDrafter(target.device)), prompts, args.new_tokens, 1)
 
@@ -104,23 +134,30 @@ def main() -> int:
                 tps, outputs[e] = run(engines[e](target, d), prompts, args.new_tokens, k)
                 speeds[c, e].append(tps)
             same[c] &= outputs["before"] == outputs["after"] == continuations
+    syncs = {c: {e: syncs_per_round(engines[e](target, drafter(c)[0]), prompts[0], args.new_tokens,
+                                    drafter(c)[1]) for e in engines} for c in configs}
     bare = statistics.median(decode_loop_ms(target, torch.tensor(prompts[0], device=device), 4 * args.new_tokens)
                              for _ in range(3)) if device == "cuda" else float("nan")
     eos = eos_check(target, prompts[0], continuations[0])
     res = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "oracle": ORACLE,
            "bare_loop_tokens_per_s": 1000 / bare, "eos_check": eos, "rounds": args.rounds,
-           "by_config": {c: {e: statistics.median(speeds[c, e]) for e in engines} | {
-               "runs": {e: speeds[c, e] for e in engines}, "same_tokens": same[c]} for c in configs}}
+           "by_config": {c: {e: {m: statistics.median(r[m] for r in speeds[c, e]) for m in ("wall", "stats")}
+                             for e in engines} | {"runs": {e: speeds[c, e] for e in engines},
+                                                  "syncs_per_round": syncs[c], "same_tokens": same[c]}
+                         for c in configs}}
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2))
     print(f"{res['device']}; bare decode loop (no engine) {res['bare_loop_tokens_per_s']:.1f} tok/s; "
           f"EOS stop with a step queued ahead: {eos}")
-    print(f"{'run':<22}{'before tok/s':>14}{'after tok/s':>13}{'after/before':>14}  same tokens")
+    print("tok/s: wall clock around generate() (prefill included) | the engine's stats (decode time)")
+    print(f"{'run':<20}{'before':>16}{'after':>16}{'after/before':>14}{'syncs/round b, a':>18}  same tokens")
     for c in configs:
         row = res["by_config"][c]
         label = c if c == "plain" else "oracle a={} K={}".format(*ORACLE[int(c[-1])])
-        print(f"{label:<22}{row['before']:>14.1f}{row['after']:>13.1f}{row['after'] / row['before']:>14.3f}  "
-              f"{row['same_tokens']}")
+        b, a = row["before"], row["after"]
+        sync = "  ".join("-" if v is None else f"{v:.2f}" for v in row["syncs_per_round"].values())
+        print(f"{label:<20}{b['wall']:>8.1f} |{b['stats']:>6.1f}{a['wall']:>8.1f} |{a['stats']:>6.1f}"
+              f"{a['wall'] / b['wall']:>14.3f}{sync:>18}  {row['same_tokens']}")
     return 0
 
 

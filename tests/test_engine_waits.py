@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdec import clock as clock_module
 from specdec.clock import PhaseClock, TokenReader, token_tensor
@@ -21,22 +22,33 @@ SAMPLINGS = [SamplingParams(), SamplingParams(temperature=1.0, seed=3),
              SamplingParams(temperature=0.8, top_k=8, top_p=0.9, seed=11)]
 
 
-READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")  # a tensor's value reaching Python
+class HostReads(TorchDispatchMode):
+    """Counts reads of a tensor's value on the host: every op that hands a scalar to C++ or Python
+    (item(), int(), bool(), indexing with a 0-d tensor...) goes through _local_scalar_dense."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.reads += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture
 def count_reads(monkeypatch):
-    """Counts every read of a tensor's value on the host while the test runs."""
-    counts = {"reads": 0}
-    for name in READS:
-        original = getattr(torch.Tensor, name)
+    """Counts every read of a tensor's value on the host while the test runs (tolist() reads a CPU
+    tensor's memory without dispatching an op, so it is counted apart)."""
+    counts = {"tolist": 0}
+    original = torch.Tensor.tolist
 
-        def counted(self, *args, _original=original, **kwargs):
-            counts["reads"] += 1
-            return _original(self, *args, **kwargs)
+    def counted(self):
+        counts["tolist"] += 1
+        return original(self)
 
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    return counts
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    with HostReads() as mode:
+        yield lambda: counts["tolist"] + mode.reads
 
 
 @pytest.mark.parametrize("params", SAMPLINGS[:2], ids=["greedy", "t1"])
@@ -46,12 +58,12 @@ def test_a_round_reads_the_device_once(tiny_target, tiny_draft, count_reads, kin
     engine = Engine(tiny_target, drafter)
     gen = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=30, k=3, sampling=params))
     assert gen.stats.drafted > 0 and len(gen.token_ids) == 30
-    assert count_reads["reads"] == gen.stats.rounds
+    assert count_reads() == gen.stats.rounds
 
 
 def test_plain_decoding_one_step_ahead_reads_each_token_once(tiny_target, count_reads):
     gen = plain_engine(tiny_target, overlap=True).generate(PROMPTS[1], GenerationConfig(max_new_tokens=12))
-    assert count_reads["reads"] == len(gen.token_ids) == 12
+    assert count_reads() == len(gen.token_ids) == 12
 
 
 def plain_engine(target, overlap: bool, **kwargs) -> Engine:
@@ -145,3 +157,15 @@ def test_token_helpers_on_cpu():
     reader.send(torch.tensor(7))
     reader.send(torch.tensor(9))
     assert (reader.receive(), reader.receive()) == (7, 9)
+
+
+def test_closing_mid_stream_with_a_step_queued_leaves_the_next_generation_exact(tiny_target):
+    engine = plain_engine(tiny_target, overlap=True)
+    expected = plain_greedy(tiny_target, PROMPTS[0], 15)
+    gen = engine.stream(PROMPTS[1], GenerationConfig(max_new_tokens=30))
+    for i, _ in enumerate(gen):
+        if i == 4:
+            break
+    gen.close()
+    assert len(gen.token_ids) == 5 and gen.finish_reason is None
+    assert engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=15)).token_ids == expected

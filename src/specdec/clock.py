@@ -14,10 +14,15 @@ import torch
 
 
 class PhaseClock:
-    """Charges the time between laps to named float fields of `stats` (e.g. "draft_time")."""
+    """Charges the time between laps to named float fields of `stats` (e.g. "draft_time").
+
+    On CUDA an interval reaches the stats once its end has run on the GPU, so stats read while a
+    generation streams may lag by a round; the generation's end settles them all.
+    """
 
     def __init__(self, device: torch.device, stats) -> None:
         self._cuda = device.type == "cuda"
+        self._device = device
         self._stats = stats
         self._unsettled: list[tuple[str, object, object]] = []  # (field, start, end) not yet read
         self._mark = self._now()
@@ -47,7 +52,7 @@ class PhaseClock:
         if not self._cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self._device))  # the model's stream, whatever device is current
         return event
 
 
@@ -69,7 +74,7 @@ class TokenReader:
         host = torch.empty((), dtype=torch.long, pin_memory=True)
         host.copy_(token, non_blocking=True)
         done = torch.cuda.Event()
-        done.record()
+        done.record(torch.cuda.current_stream(token.device))  # the stream the copy was queued on
         self._inflight.append((host, done))
 
     def receive(self) -> int:

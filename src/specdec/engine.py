@@ -260,6 +260,7 @@ class Engine:
             if reason and not last:
                 self.target.rollback(len(context) - 1)  # the step queued ahead was fed this token
             stats.record_round(Verdict(num_accepted=0, next_token=context[-1], num_drafted=0), 1)
+            clock.lap("other_time")
             yield EmittedToken(context[-1], Origin.BONUS, stats.rounds - 1)
             if reason:
                 generation.finish_reason = reason

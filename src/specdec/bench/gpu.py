@@ -276,7 +276,7 @@ def section_oracle(target, draft, prompts, c: float, verify_ratio: dict, new_tok
             oracle.remember(p.tolist(), cont)
         k_calc = best_k(alpha, c).k
         ks = sorted({2, 3, 4, 5, 6, 8, 10, k_calc})
-        target.capture(*[k + 1 for k in ks])  # capture every graph before the clock runs
+        target.capture(*range(1, max(ks) + 2))  # every graph a run uses (its last rounds draft fewer) before the clock runs
         draft.capture(1, 2)
         rows = {}
         for k in ks:
