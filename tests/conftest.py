@@ -8,6 +8,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from specdec.models.hf import HFCausalLM  # noqa: E402
@@ -38,3 +39,35 @@ def tiny_target() -> HFCausalLM:
 @pytest.fixture(scope="session")
 def tiny_draft() -> HFCausalLM:
     return tiny_llama(1, layers=1, scale=8.0)
+
+
+class HostReads(TorchDispatchMode):
+    """Counts reads of a tensor's value on the host: every op that hands a scalar to C++ or Python
+    (item(), int(), bool(), indexing with a 0-d tensor...) dispatches _local_scalar_dense, or under
+    inference_mode item itself."""
+
+    SCALAR_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.reads += func in self.SCALAR_READS
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def count_reads(monkeypatch):
+    """Counts every read of a tensor's value on the host while the test runs (tolist() reads a CPU
+    tensor's memory without dispatching an op, so it is counted apart)."""
+    counts = {"tolist": 0}
+    original = torch.Tensor.tolist
+
+    def counted(self):
+        counts["tolist"] += 1
+        return original(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted)
+    with HostReads() as mode:
+        yield lambda: counts["tolist"] + mode.reads

@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from specdec import clock as clock_module
 from specdec.clock import PhaseClock, TokenReader, token_tensor
@@ -20,35 +19,6 @@ from tests.test_engine_greedy import PROMPTS, plain_greedy
 CPU = torch.device("cpu")
 SAMPLINGS = [SamplingParams(), SamplingParams(temperature=1.0, seed=3),
              SamplingParams(temperature=0.8, top_k=8, top_p=0.9, seed=11)]
-
-
-class HostReads(TorchDispatchMode):
-    """Counts reads of a tensor's value on the host: every op that hands a scalar to C++ or Python
-    (item(), int(), bool(), indexing with a 0-d tensor...) goes through _local_scalar_dense."""
-
-    def __init__(self):
-        super().__init__()
-        self.reads = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.reads += func is torch.ops.aten._local_scalar_dense.default
-        return func(*args, **(kwargs or {}))
-
-
-@pytest.fixture
-def count_reads(monkeypatch):
-    """Counts every read of a tensor's value on the host while the test runs (tolist() reads a CPU
-    tensor's memory without dispatching an op, so it is counted apart)."""
-    counts = {"tolist": 0}
-    original = torch.Tensor.tolist
-
-    def counted(self):
-        counts["tolist"] += 1
-        return original(self)
-
-    monkeypatch.setattr(torch.Tensor, "tolist", counted)
-    with HostReads() as mode:
-        yield lambda: counts["tolist"] + mode.reads
 
 
 @pytest.mark.parametrize("params", SAMPLINGS[:2], ids=["greedy", "t1"])

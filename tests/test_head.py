@@ -308,3 +308,13 @@ def test_resuming_a_checkpoint_of_other_feature_layers_is_refused(tiny_target, t
     train_head(tiny_target, draft_vocab=48, steps=2, tmp_path=tmp_path, layers=())
     with pytest.raises(InvalidRequestError, match=r"different head \(feature layers \[\].*feature layers \[0\]"):
         train_head(tiny_target, draft_vocab=48, steps=2, tmp_path=tmp_path, layers=(0,))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=2)], ids=["greedy", "t1"])
+def test_a_head_round_reads_the_device_once(tiny_target, head_path, count_reads, params):
+    """The head drafts K tokens without waiting for the GPU (its ids are picked on the device)."""
+    engine = Engine(tiny_target, head_drafter(tiny_target, head_path))
+    before = count_reads()  # loading the head reads a few values
+    gen = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=20, k=3, sampling=params))
+    assert gen.stats.drafted > gen.stats.rounds  # rounds of several drafts
+    assert count_reads() - before == gen.stats.rounds

@@ -1,4 +1,5 @@
-"""Timing a generation's phases without adding host synchronisation, and reading tokens early.
+"""What the host waits for: timing a generation's phases without adding host synchronisation,
+reading tokens early, and indexing without reading the index.
 
 A torch.cuda.synchronize() per phase (or a blocking copy such as torch.tensor(ids, device="cuda"),
 which waits for the stream too) drains the GPU's queue in the middle of a round: the GPU then idles
@@ -90,3 +91,9 @@ def token_tensor(ids: list[int], device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def pick(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """table[index] for a 0-d index tensor, without reading the index on the host (indexing with a
+    0-d tensor reads it, which on a GPU waits for the queue)."""
+    return table.index_select(0, index.reshape(1))[0]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.clock import pick
 from specdec.sampling import sample
 
 
@@ -96,7 +97,7 @@ def sampled_outcome(
     # Row n of the fix-up table: the residual at a rejection, or p itself for the bonus (q = 0 there).
     q_padded = torch.cat([q, torch.zeros_like(p[:1])])  # [K+1, V]
     fixup = residual(p, q_padded)
-    return num_accepted, sample(_row(fixup, num_accepted), generator)
+    return num_accepted, sample(pick(fixup, num_accepted), generator)
 
 
 def verify_greedy(target_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> Verdict:
@@ -112,13 +113,7 @@ def greedy_outcome(target_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> t
     k = draft_tokens.shape[0]
     agree = (target_tokens[:k] == draft_tokens).long()
     num_accepted = agree.cumprod(0).sum()
-    return num_accepted, _row(target_tokens, num_accepted)
-
-
-def _row(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """table[index] for a 0-d index tensor, without reading the index on the host (indexing with a
-    0-d tensor does read it, which on a GPU waits for the queue)."""
-    return table.index_select(0, index.reshape(1))[0]
+    return num_accepted, pick(target_tokens, num_accepted)
 
 
 def read_verdict(num_accepted: torch.Tensor, next_token: torch.Tensor, num_drafted: int) -> Verdict:

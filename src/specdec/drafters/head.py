@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.clock import token_tensor
+from specdec.clock import pick, token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.errors import ModelLoadError
 from specdec.models.base import check_feature_layers
@@ -345,13 +345,13 @@ class HeadDrafter(Drafter):
         if params.greedy:
             best = logits.argmax()
             confidence = float(torch.softmax(logits, -1)[best]) if self.min_confidence > 0.0 else 1.0
-            return self.head.vocab_ids[best], None, confidence
+            return pick(self.head.vocab_ids, best), None, confidence
         # Warping the N sub-vocabulary logits equals warping all V with -inf outside them (cheaper).
         q_sub = warp_logits(logits, params)  # [N]
         q = q_sub.new_zeros(self.c.vocab_size).index_copy_(0, self.head.vocab_ids, q_sub)  # [V]: the q drawn from
         index = sample(q_sub, generator)
         confidence = float(q_sub[index]) if self.min_confidence > 0.0 else 1.0  # a host sync: only on request
-        return self.head.vocab_ids[index].reshape(()), q, confidence
+        return pick(self.head.vocab_ids, index), q, confidence
 
 
 def load_head_drafter(path: str, target_model, name: str | None = None, min_confidence: float = 0.0) -> HeadDrafter:
