@@ -434,12 +434,12 @@ class LlamaNet(nn.Module):
         n = tokens.shape[0]
         span = start + n
         if self.row_exact:
-            span = min(self.slots, -(-span // ATTN_SPAN) * ATTN_SPAN)
+            span = self._whole_blocks(span)
         pos = self.slot_ids[start:start + n]
         mask = self._additive_mask(pos, self.slot_ids[:span]) if n > 1 or self.row_exact else None
         layer_fn = layer_step
         if self.row_exact and 1 < n <= EXACT_PASS_ROWS:
-            spans = tuple(min(self.slots, -(-(start + m + 1) // ATTN_SPAN) * ATTN_SPAN) for m in range(n))
+            spans = tuple(self._whole_blocks(start + m + 1) for m in range(n))
             layer_fn = functools.partial(layer_step, token_spans=spans)
         return self._run(tokens, pos, mask, span, layer_fn, False, capture=capture)
 
@@ -455,6 +455,10 @@ class LlamaNet(nn.Module):
             return triton_ops.forward(self, tokens, pos, capture)
         mask = self._additive_mask(pos, self.slot_ids)  # [G*n, S]
         return self._run(tokens, pos, mask, self.slots, self.layer_fn, self.math_attention, capture=capture)
+
+    def _whole_blocks(self, length: int) -> int:
+        """The slots a row_exact step attends over for `length` tokens: whole ATTN_SPAN blocks."""
+        return min(self.slots, -(-length // ATTN_SPAN) * ATTN_SPAN)
 
     def _additive_mask(self, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """[G*n, len(slots)]: 0 where the row's position may see the slot (slot <= pos), else -inf."""
