@@ -70,7 +70,7 @@ def verify_sampled(
     generator: torch.Generator | None = None,
 ) -> Verdict:
     """Settle all K positions of a round at once (see sampled_outcome); one read of the result."""
-    return read_verdict(*sampled_outcome(p, draft_tokens, q, generator), draft_tokens.shape[0])
+    return read_round(*sampled_outcome(p, draft_tokens, q, generator), draft_tokens)[0]
 
 
 def sampled_outcome(
@@ -102,7 +102,7 @@ def sampled_outcome(
 
 def verify_greedy(target_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> Verdict:
     """Greedy rule: keep drafts while they equal the target's argmax (see greedy_outcome)."""
-    return read_verdict(*greedy_outcome(target_tokens, draft_tokens), draft_tokens.shape[0])
+    return read_round(*greedy_outcome(target_tokens, draft_tokens), draft_tokens)[0]
 
 
 def greedy_outcome(target_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,14 +116,9 @@ def greedy_outcome(target_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> t
     return num_accepted, pick(target_tokens, num_accepted)
 
 
-def read_verdict(num_accepted: torch.Tensor, next_token: torch.Tensor, num_drafted: int) -> Verdict:
-    """The host's one read of a round's outcome."""
-    n, tok = torch.stack([num_accepted, next_token]).tolist()
-    return Verdict(num_accepted=n, next_token=tok, num_drafted=num_drafted)
-
-
 def read_round(num_accepted: torch.Tensor, next_token: torch.Tensor,
                draft_tokens: torch.Tensor) -> tuple[Verdict, list[int]]:
-    """The outcome and the kept drafts [n] in one read (on a GPU, each read waits for the queue)."""
+    """The host's one read of a round: the verdict and the kept drafts [n] (on a GPU, each read waits
+    for the queue)."""
     n, tok, *drafts = torch.cat([torch.stack([num_accepted, next_token]), draft_tokens]).tolist()
     return Verdict(num_accepted=n, next_token=tok, num_drafted=len(drafts)), drafts[:n]
