@@ -134,8 +134,11 @@ def main() -> int:
                 tps, outputs[e] = run(engines[e](target, d), prompts, args.new_tokens, k)
                 speeds[c, e].append(tps)
             same[c] &= outputs["before"] == outputs["after"] == continuations
-    syncs = {c: {e: syncs_per_round(engines[e](target, drafter(c)[0]), prompts[0], args.new_tokens,
-                                    drafter(c)[1]) for e in engines} for c in configs}
+    syncs = {c: {} for c in configs}
+    for c in configs:
+        for e in engines:
+            d, k = drafter(c)
+            syncs[c][e] = syncs_per_round(engines[e](target, d), prompts[0], args.new_tokens, k)
     bare = statistics.median(decode_loop_ms(target, torch.tensor(prompts[0], device=device), 4 * args.new_tokens)
                              for _ in range(3)) if device == "cuda" else float("nan")
     eos = eos_check(target, prompts[0], continuations[0])
