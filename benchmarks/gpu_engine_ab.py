@@ -139,7 +139,7 @@ def main() -> int:
         for e in engines:
             d, k = drafter(c)
             syncs[c][e] = syncs_per_round(engines[e](target, d), prompts[0], args.new_tokens, k)
-    bare = statistics.median(decode_loop_ms(target, torch.tensor(prompts[0], device=device), 4 * args.new_tokens)
+    bare = statistics.median(decode_loop_ms(target, torch.tensor(prompts[0], device=device), 2 * args.new_tokens)
                              for _ in range(3)) if device == "cuda" else float("nan")
     eos = eos_check(target, prompts[0], continuations[0])
     res = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "oracle": ORACLE,
