@@ -9,7 +9,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from specdec.bench.gpu import cuda_median_ms  # noqa: E402
@@ -42,39 +41,76 @@ def kernel_table(model, prompt, rows=1, steps=5):
         print(f"  {t / steps:8.1f} us  {count // steps:4d} calls  {t / count:7.2f} us each  {name[:70]}")
 
 
-def graph_us(fn, calls=20):
-    """Device time per call of fn, captured 20 times in one CUDA graph (no host launch cost)."""
+def layer_sequence(model, prompt, layer=1):
+    """Device time of each kernel of one decoder layer, in launch order (one step, 1 row)."""
+    model.prefill(prompt)
+    net, start = model.net, model.cache_len
+    tokens = torch.randint(0, model.vocab_size, (1,), device="cuda")
+    pos = net.slot_ids[start:start + 1]
+    for _ in range(3):
+        net.forward_static(tokens, pos, fused=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        net.forward_static(tokens, pos, fused=True)
+        torch.cuda.synchronize()
+    model.rollback(0)
+    kernels = sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda ev: ev.time_range.start)
+    per_layer = (len(kernels) - 3) // model.arch.n_layers  # embed first; final norm + head last
+    first = 1 + layer * per_layer
+    print(f"\n{model.name}: the kernels of layer {layer}, one row (eager launches, device time)")
+    for ev in kernels[first:first + per_layer] + kernels[-2:]:
+        print(f"  {ev.device_time:7.1f} us  {ev.name[:60]}")
+
+
+def weight_copies(w):
+    """w and clones of it, 64 MB or more in all: a timing loop that cycles them reads from HBM, not L2."""
+    return [w] + [w.clone() for _ in range(min(7, -(-(64 << 20) // (w.numel() * w.element_size())) - 1))]
+
+
+def graph_us(fn, weights, calls=4):
+    """Device time per call of fn(weight), cycled over weights, captured in one CUDA graph."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn()
-        fn()
+        fn(weights[0])
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
-            fn()
-    return cuda_median_ms(graph.replay, 20) * 1000 / calls
+            for w in weights:
+                fn(w)
+    return cuda_median_ms(graph.replay, 10) * 1000 / (calls * len(weights))
 
 
-def gemv_table(model, bandwidth):
+def tile_table(model, bandwidth):
+    """Each layer matrix at one row through every tile the tuner tries, and through cuBLAS."""
     block = model.net.layers[0]
-    d = model.arch.dim
-    print(f"\n{model.name}: one row, Triton GEMV vs cuBLAS (GB/s of the matrix read)")
+    print(f"\n{model.name}: one row, GEMV time per tile (us; weights streamed from HBM)")
     for name in ("wqkv", "wo", "w13", "w2"):
         w = getattr(block, name).weight
+        weights = weight_copies(w)
         x = torch.randn(1, w.shape[1], device="cuda", dtype=w.dtype)
-        res = torch.randn(1, w.shape[0] // (2 if name == "w13" else 1), device="cuda", dtype=w.dtype)
-        norm = torch.ones(d, device="cuda", dtype=w.dtype)
-        normed = name in ("wqkv", "w13")  # as in the layer: the RMSNorm kernel, then the GEMV
-        kwargs = {"wqkv": {}, "wo": dict(residual=res), "w13": dict(swiglu=True), "w2": dict(residual=res)}[name]
-        t_tri = graph_us(lambda: triton_ops.gemv(triton_ops.rms_norm(x, norm, 1e-5) if normed else x, w, **kwargs))
-        tile = next(t for key, t in triton_ops._chosen_tiles.items() if key[:2] == (res.shape[1], w.shape[1]))
-        t_cub = graph_us(lambda: F.linear(x, w))
+        swiglu = name == "w13"
+        n = w.shape[0] // (2 if swiglu else 1)
+        times = {}
+        for tile in triton_ops.TILES:
+            triton_ops._chosen_tiles.clear()
+            def call(weight, tile=tile):
+                key = (n, w.shape[1], (False, False, swiglu, False, False), w.dtype, w.device)
+                triton_ops._chosen_tiles[key] = tile
+                return triton_ops.gemv(x, weight, swiglu=swiglu)
+            try:
+                times[tile] = graph_us(call, weights)
+            except Exception:  # noqa: BLE001 - a tile that does not fit
+                times[tile] = float("nan")
+        cub = graph_us(lambda weight: torch.matmul(x, weight.t()), weights)
         nbytes = w.numel() * w.element_size()
-        print(f"  {name:5} {tuple(w.shape)!s:14} triton {t_tri:6.1f} us {nbytes / t_tri / 1e3:5.0f} GB/s"
-              f"  cuBLAS {t_cub:6.1f} us {nbytes / t_cub / 1e3:5.0f} GB/s  ceiling {nbytes / bandwidth / 1e3:5.1f} us"
-              f"  [BLOCK_N, BLOCK_K, warps, stages, split-K = {tile}]")
+        best = min((t for t in times.values() if t == t))
+        print(f"  {name:5} {tuple(w.shape)!s:14} ceiling {nbytes / bandwidth / 1e3:5.1f}  best {best:5.1f}"
+              f" ({nbytes / best / 1e3 / bandwidth:.0%})  cuBLAS {cub:5.1f} ({nbytes / cub / 1e3 / bandwidth:.0%})")
+        print("        " + "  ".join(f"{t}:{v:.1f}" for t, v in sorted(times.items(), key=lambda kv: kv[1])))
+    triton_ops._chosen_tiles.clear()
 
 
 def main():
@@ -85,9 +121,10 @@ def main():
     prompt = torch.randint(0, 128256, (512,), device="cuda")
     for i, size in enumerate(["llama-3.1-8b", "llama-3.2-1b"]):
         model = NativeLlama.random(size, max_length=1024, seed=i, kernels="triton")
-        gemv_table(model, bandwidth)
         kernel_table(model, prompt, 1)
-        kernel_table(model, prompt, 9)
+        layer_sequence(model, prompt)
+        with torch.inference_mode():
+            tile_table(model, bandwidth)
         del model
         torch.cuda.empty_cache()
 
