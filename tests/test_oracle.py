@@ -45,3 +45,30 @@ def test_registered_as_prefixed_drafter():
     from specdec.drafters import PREFIXED
 
     assert "oracle" in PREFIXED
+
+
+def test_choices_drawn_once_per_generation(tiny_target):
+    """A round only slices the choices begin() drew: a position proposed again (its first proposal
+    never judged) gets the same token, and proposing draws nothing more from the generator."""
+    oracle = OracleDrafter(tiny_target, alpha=0.5, horizon=20, seed=3)
+    tiny_target.reset()
+    oracle.begin(PROMPT)
+    state = oracle.generator.get_state()
+    greedy = SamplingParams(temperature=0.0)
+    first = oracle.propose(PROMPT, 6, greedy, None).tokens
+    again = oracle.propose(PROMPT + [1, 2], 4, greedy, None).tokens
+    assert again.tolist() == first[2:].tolist()
+    assert torch.equal(oracle.generator.get_state(), state)
+    truth = record_greedy(tiny_target, PROMPT, 20)
+    kept = sum(int(a == b) for a, b in zip(oracle.propose(PROMPT, 20, greedy, None).tokens.tolist(), truth))
+    assert 0 < kept < 20  # corrupted at some positions, not all
+
+
+def test_proposals_past_the_recording(tiny_target):
+    oracle = OracleDrafter(tiny_target, alpha=1.0, horizon=3, seed=0)
+    tiny_target.reset()
+    oracle.begin(PROMPT)
+    draft = oracle.propose(PROMPT + [7] * 2, 8, SamplingParams(temperature=1.0), None)
+    assert draft.tokens.shape == (8,)
+    assert draft.q[0].max().item() == 1.0  # position 2 was recorded: alpha 1 on its truth
+    torch.testing.assert_close(draft.q[1:], torch.full((7, tiny_target.vocab_size), 1.0 / tiny_target.vocab_size))

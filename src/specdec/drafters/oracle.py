@@ -8,6 +8,10 @@ measurement: it shows what the engine delivers at a given alpha and c, not what 
 
 Its choice is random, so for sampled decoding it reports the distribution it drew from:
 q = alpha on the recorded token and (1 - alpha) / (V - 1) on each other one (rule 1 of the design).
+The choices for every position are drawn once, when a generation begins (a round then only slices
+them, adding no work on the host between the GPU's rounds). A position proposed again, after a
+rejection earlier in its round, gets the same token: its first draw was never judged, so each judged
+position still has its own independent draw, accepted with probability alpha.
 """
 
 from __future__ import annotations
@@ -49,7 +53,9 @@ class OracleDrafter(Drafter):
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.name = f"oracle(alpha={alpha:g}" + (f", cost of {draft_model.name})" if draft_model else ")")
         self._recorded: dict[tuple[int, ...], torch.Tensor] = {}
-        self._continuation = torch.empty(0, dtype=torch.long, device=self.device)
+        self._truth_all = torch.empty(0, dtype=torch.long, device=self.device)  # recorded, then random
+        self._proposals = self._truth_all  # one per position of the generation, drawn in begin()
+        self._recorded_len = 0
         self._prompt_len = 0
 
     def remember(self, prompt: list[int], continuation: list[int]) -> None:
@@ -64,7 +70,9 @@ class OracleDrafter(Drafter):
             self.remember(prompt, record_greedy(self.target, prompt, self.horizon))
             if kept:
                 self.target.forward(torch.tensor(prompt[:kept], dtype=torch.long, device=self.device))
-        self._continuation = self._recorded[key]
+        self._truth_all = self._recorded[key]
+        self._recorded_len = self._truth_all.shape[0]
+        self._proposals = self._choose(self._truth_all)
         self._prompt_len = len(prompt)
         if self.draft_model is not None:
             self.draft_model.reset()
@@ -74,27 +82,28 @@ class OracleDrafter(Drafter):
     def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
         if k < 1:
             return empty_draft(self.device)
-        truth, known = self._truth(len(context) - self._prompt_len, k)
-        keep = torch.rand(k, device=self.device, generator=self.generator) < self.alpha
-        shift = torch.randint(1, self.vocab_size, (k,), device=self.device, generator=self.generator)
-        tokens = torch.where(keep, truth, (truth + shift) % self.vocab_size)  # shift != 0: surely wrong
+        offset = len(context) - self._prompt_len
+        while offset + k > self._proposals.shape[0]:  # past the recording: random truths, drawn as needed
+            extra = torch.randint(0, self.vocab_size, (max(k, self._proposals.shape[0]),), device=self.device,
+                                  generator=self.generator)
+            self._truth_all = torch.cat([self._truth_all, extra])
+            self._proposals = torch.cat([self._proposals, self._choose(extra)])
+        tokens = self._proposals[offset:offset + k]
         if self.draft_model is not None:
             self._pay_draft_cost(context, tokens)
-        q = None if params.greedy else self._distribution(truth, known)
+        known = max(0, min(k, self._recorded_len - offset))
+        q = None if params.greedy else self._distribution(self._truth_all[offset:offset + k], known)
         return Draft(tokens, q)
+
+    def _choose(self, truth: torch.Tensor) -> torch.Tensor:
+        """Each position's proposal: its truth with probability alpha, else one of the other tokens at random."""
+        keep = torch.rand(truth.shape[0], device=self.device, generator=self.generator) < self.alpha
+        shift = torch.randint(1, self.vocab_size, truth.shape, device=self.device, generator=self.generator)
+        return torch.where(keep, truth, (truth + shift) % self.vocab_size)  # shift != 0: surely wrong
 
     def commit(self, num_valid: int) -> None:
         if self.draft_model is not None and self.draft_model.cache_len > num_valid:
             self.draft_model.rollback(num_valid)
-
-    def _truth(self, offset: int, k: int) -> tuple[torch.Tensor, int]:
-        """Recorded tokens offset..offset+k-1 [k] and how many were recorded (random past the horizon)."""
-        truth = self._continuation[offset:offset + k]
-        known = truth.shape[0]
-        if known < k:
-            pad = torch.randint(0, self.vocab_size, (k - known,), device=self.device, generator=self.generator)
-            truth = torch.cat([truth, pad])
-        return truth, known
 
     def _pay_draft_cost(self, context: list[int], tokens: torch.Tensor) -> None:
         """k draft steps, as ModelDrafter runs them: the unseen context first, then each proposal but the last."""
