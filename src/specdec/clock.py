@@ -86,11 +86,12 @@ class TokenReader:
 
 
 def token_tensor(ids: list[int], device: torch.device) -> torch.Tensor:
-    """ids as a 1-D long tensor on `device`; on CUDA through pinned memory, without waiting for the stream."""
+    """ids as a 1-D long tensor on `device`, without waiting for the stream. A few ids go from
+    pageable memory with non_blocking=True: CUDA stages them before the call returns and does not
+    wait for queued work (torch.tensor(ids, device=...) would); pinning them first cost more host
+    time than the copy (benchmarks/gpu_h2d.py measures the three ways)."""
     host = torch.tensor(ids, dtype=torch.long)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device, non_blocking=device.type == "cuda")
 
 
 def pick(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
