@@ -63,11 +63,6 @@ def layer_sequence(model, prompt, layer=1):
         print(f"  {ev.device_time:7.1f} us  {ev.name[:60]}")
 
 
-def weight_copies(w):
-    """w and clones of it, 64 MB or more in all: a timing loop that cycles them reads from HBM, not L2."""
-    return [w] + [w.clone() for _ in range(min(7, -(-(64 << 20) // (w.numel() * w.element_size())) - 1))]
-
-
 def graph_us(fn, weights, calls=4):
     """Device time per call of fn(weight), cycled over weights, captured in one CUDA graph."""
     side = torch.cuda.Stream()
@@ -89,7 +84,7 @@ def tile_table(model, bandwidth):
     print(f"\n{model.name}: one row, GEMV time per tile (us; weights streamed from HBM)")
     for name in ("wqkv", "wo", "w13", "w2"):
         w = getattr(block, name).weight
-        weights = weight_copies(w)
+        weights = triton_ops.cold_copies(w)
         x = torch.randn(1, w.shape[1], device="cuda", dtype=w.dtype)
         swiglu = name == "w13"
         n = w.shape[0] // (2 if swiglu else 1)
@@ -104,6 +99,9 @@ def tile_table(model, bandwidth):
                 times[tile] = graph_us(call, weights)
             except Exception:  # noqa: BLE001 - a tile that does not fit
                 times[tile] = float("nan")
+            # One key, the one set above: had _gemv keyed this call differently, the tuner would
+            # have added its own pick and every row of the table would time that.
+            assert len(triton_ops._chosen_tiles) == 1, "tile key out of step with triton_ops._gemv"
         cub = graph_us(lambda weight: torch.matmul(x, weight.t()), weights)
         nbytes = w.numel() * w.element_size()
         best = min((t for t in times.values() if t == t))

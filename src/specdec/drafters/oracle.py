@@ -69,7 +69,7 @@ class OracleDrafter(Drafter):
             kept = self.target.cache_len
             self.remember(prompt, record_greedy(self.target, prompt, self.horizon))
             if kept:
-                self.target.forward(torch.tensor(prompt[:kept], dtype=torch.long, device=self.device))
+                self.target.forward(self._tensor(prompt[:kept]))
         self._truth_all = self._recorded[key]
         self._recorded_len = self._truth_all.shape[0]
         self._proposals = self._choose(self._truth_all)

@@ -410,6 +410,12 @@ def gemv_then_norm(x: torch.Tensor | NormInput, w: torch.Tensor, next_norm: torc
     return y, NormInput(scaled, sq, eps)
 
 
+def cold_copies(w: torch.Tensor) -> list[torch.Tensor]:
+    """w and clones of it, 64 MB or more in all (at most 8): a timing loop cycling them reads
+    weights from HBM, as a model's step does, not from L2."""
+    return [w] + [w.clone() for _ in range(min(7, -(-(64 << 20) // (w.numel() * w.element_size())) - 1))]
+
+
 def _tune(launch, w: torch.Tensor, tiles: list[tuple] = TILES) -> tuple:
     """The fastest tile for this matrix shape, timed as the model runs it: inside a CUDA graph
     (no host launch cost, which would swamp a 5-us kernel) and streaming weights that are not in
@@ -417,7 +423,7 @@ def _tune(launch, w: torch.Tensor, tiles: list[tuple] = TILES) -> tuple:
     so every step of a model uses one tile (the exactness above needs that)."""
     if torch.cuda.is_current_stream_capturing():  # cannot time inside someone's capture: the first tile
         return tiles[0]
-    copies = [w] + [w.clone() for _ in range(min(7, -(-(64 << 20) // (w.numel() * w.element_size())) - 1))]
+    copies = cold_copies(w)
     timings = {}
     for tile in tiles:
         try:
