@@ -4,7 +4,7 @@
 // start and tail (its small matrices ran at 35-59% of the copy ceiling, docs/gpu.md). Here one
 // block per SM runs every phase of every layer, separated by grid barriers.
 //
-// Per layer, five phases and five barriers:
+// Per layer, five phases and (at most) five barriers:
 //   A  RMSNorm (each block on its own copy of x) -> q/k/v GEMV -> RoPE; k, v into the cache
 //   B  attention over the cache in chunks of ATT_T positions (online-softmax partials); the last
 //      chunk of each KV head to finish merges them
@@ -12,6 +12,25 @@
 //   D  RMSNorm -> gate/up GEMV -> silu(gate) * up
 //   E  down GEMV + residual
 // then the final norm and the LM head (logits in bf16).
+//
+// Options, each a macro (0 or 1) so that builds can be timed side by side; the host turns all of them
+// on (three barriers a layer then; benchmarks/gpu_megakernel.py adds them one by one):
+//   FLOW   no barrier between A and B: each block counts the q/k/v pairs it finished per KV head
+//          (sync[2 + h]), and an attention item waits only for its own head's count. It loads the
+//          cache rows older than this step before that wait.
+//   FUSED  D and E in one phase, with no barrier: a block's gate/up features feed its own slice of
+//          the down projection's inner dimension (split-K over W2 transposed, contiguous per
+//          feature), added into acc[layer % 2] with vector atomics. The next layer forms
+//          x = resid + acc. fp32 atomics add in any order: the draft's last bits vary run to run
+//          (a draft's numerics never reach the output).
+//   LIGHT  barriers as one release add and acquire loads instead of two full fences.
+//   MERGE  no merging block: every block merges all heads' chunk partials as it loads the output
+//          projection's input (one round of loads instead of a count and two rounds on one block).
+//   EARLY  each warp loads its first unit of the next GEMV into registers while a barrier waits.
+//   PART16 (with MERGE) attention partials as bf16, normalised by their chunk's sum: half the bytes
+//          that every block loads to merge them.
+//   ROT    blocks start their merge loads and their atomic adds at different rows, so that 132 blocks
+//          do not all ask the same L2 lines at once.
 //
 // With PRE > 0, each warp's first PRE units of the next GEMV are bulk-copied (TMA) into shared
 // memory between a barrier's arrival and its wait. On an H200 that made the step slower (1.09 ms
@@ -39,20 +58,47 @@ typedef unsigned long long u64;
 #ifndef PRE
 #define PRE 0                    // GEMV units per warp copied into shared memory before a barrier
 #endif
+#ifndef FLOW
+#define FLOW 0
+#endif
+#ifndef FUSED
+#define FUSED 0
+#endif
+#ifndef LIGHT
+#define LIGHT 0
+#endif
+#ifndef MERGE
+#define MERGE 0
+#endif
+#ifndef EARLY
+#define EARLY 0
+#endif
+#ifndef PART16
+#define PART16 0
+#endif
+#ifndef ROT
+#define ROT 0
+#endif
+static_assert(!PART16 || MERGE, "PART16 is a layout of MERGE's partials");
+#define BARRIERS (5 - FLOW - FUSED)    // grid barriers a layer
+#define ACT_MAX 256                     // FUSED: gate/up features a block may own (FF / grid)
 #define PRE_U4 (PRE * NW * U * 32)     // their 16-byte slots
 #define MARKS (10 * 64)                 // TIMING: where the in-phase marks start (after the barrier stamps)
 #define TIMES (15 * 64 + 2)             // TIMING: stamps per block: 2 per barrier, 5 marks a layer, start, end
+#ifndef ATT_T
 #define ATT_T 64                 // cache positions per attention work item
+#endif
 #define MERGE_UNROLL 8           // partial-merge loads in flight per output value
 #define ATT_FLOATS (G * HD + ATT_T * (HD + 1) + ATT_T * HD + G * ATT_T + 2 * G + 4)
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 
 struct alignas(16) U4 { unsigned x, y, z, w; };
 struct alignas(16) F4 { float x, y, z, w; };
 
 struct Layer {
-  const bf16 *wqkv, *bqkv, *wo, *bo, *attn_norm, *ffn_norm, *w13, *w2;
+  const bf16 *wqkv, *bqkv, *wo, *bo, *attn_norm, *ffn_norm, *w13, *w2, *w2t;  // w2t: [FF][D] (FUSED)
   bf16 *k_cache, *v_cache;
 };
 
@@ -60,9 +106,9 @@ struct Params {
   const Layer* layers;
   const bf16 *embed, *final_norm, *lm_head, *cos, *sin;
   const long long *token, *pos;
-  float *resid, *q, *part, *act, *attn;
+  float *resid, *q, *part, *act, *attn, *acc;  // acc: [2][D] down-projection sums (FUSED)
   bf16 *logits, *hidden;
-  u64* sync;   // [0] barrier arrivals (grows forever), [1] launches finished
+  u64* sync;   // [0] barrier arrivals, [1] launches finished, [2 + h] q/k/v pairs of KV head h done (FLOW); all grow forever
   int* flag;   // set to 1 if a barrier gave up waiting (the step's results are then garbage)
   long long* times;  // TIMING builds: per block, %globaltimer at each barrier's arrival and departure
   int* counts;       // [HKV] attention items finished per KV head (the last one merges and resets it)
@@ -103,6 +149,17 @@ __device__ __forceinline__ U4 ldcg4(const void* p) {
   U4 r;
   asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p) : "memory");
+  return r;
+}
+__device__ __forceinline__ F4 ldcg_f4(const float* p) {
+  F4 r;
+  asm volatile("ld.global.cg.v4.f32 {%0,%1,%2,%3}, [%4];"
+               : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "l"(p) : "memory");
+  return r;
+}
+__device__ __forceinline__ uint2 ldcg_u2(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.cg.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p) : "memory");
   return r;
 }
 __device__ __forceinline__ u64 ld_acquire(const u64* p) {
@@ -153,32 +210,54 @@ __device__ __forceinline__ float dot8(U4 w, const float* x) {
 // [begin, end) of n items for block b of nb, balanced.
 __device__ __forceinline__ int split(int n, int b, int nb) { return (int)((long long)n * b / nb); }
 
+// TIMING builds: thread 0 stamps %globaltimer into this block's slot.
+__device__ __forceinline__ void stamp(const Params& p, int slot) {
+#if TIMING
+  p.times[(u64)blockIdx.x * TIMES + slot] = global_ns();
+#endif
+}
+
+// Spin (thread 0) until *counter >= target; never hang: give up after a while and flag it.
+__device__ void spin_until(const Params& p, const u64* counter, u64 target) {
+  unsigned spins = 0;
+  while (ld_acquire(counter) < target) {
+    if (++spins > (1u << 22)) { atomicExch(p.flag, 1); break; }
+  }
+}
+
 // Grid barrier in two halves: arrivals count up forever; barrier `target` waits for its total. Work that
 // does not depend on the barrier (the next GEMV's weight copies) goes between arrive and wait: after
-// the fence, so that the fence does not wait for those copies.
+// the fence, so that the fence does not wait for those copies. `index` (5 a layer) names its stamps.
 __device__ void arrive(const Params& p, int index) {
   __syncthreads();
   if (threadIdx.x == 0) {
-#if TIMING
-    p.times[(u64)blockIdx.x * TIMES + 2 * index] = global_ns();
-#endif
+    stamp(p, 2 * index);
+#if LIGHT  // release: this block's writes (ordered before it by the block barrier) are seen first
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" :: "l"(p.sync) : "memory");
+#else
     __threadfence();
     atomicAdd(p.sync, 1ull);
+#endif
   }
 }
 
 __device__ void wait(const Params& p, u64 target, int index) {
   if (threadIdx.x == 0) {
-    unsigned spins = 0;
-    while (ld_acquire(p.sync) < target) {
-      if (++spins > (1u << 22)) { atomicExch(p.flag, 1); break; }  // never hang: flag it
-    }
+    spin_until(p, p.sync, target);
+#if !LIGHT
     __threadfence();
-#if TIMING
-    p.times[(u64)blockIdx.x * TIMES + 2 * index + 1] = global_ns();
 #endif
+    stamp(p, 2 * index + 1);
   }
   __syncthreads();
+}
+
+// TIMING builds: the stamps of a barrier this build does not have (its wait then reads 0).
+__device__ void no_barrier(const Params& p, int index) {
+#if TIMING
+  __syncthreads();
+  if (threadIdx.x == 0) { stamp(p, 2 * index); stamp(p, 2 * index + 1); }
+#endif
 }
 
 // -- GEMV ----------------------------------------------------------------------------------------
@@ -204,7 +283,21 @@ struct Prefetch {
   unsigned mbar;   // shared address of the mbarrier
   unsigned phase;  // parity of its current phase
   bool pending;    // copies issued and not yet waited for (block-uniform)
+  bool early;      // EARLY: `first` holds this warp's first unit of the next GEMV (block-uniform)
+  U4 first[U];
 };
+
+// EARLY: load this warp's first unit of the next GEMV (W, n rows through map) into pf.first.
+template <int K, typename Map>
+__device__ __forceinline__ void gemv_early(Prefetch& pf, const bf16* W, int n, Map map) {
+#if EARLY
+  constexpr int P = K / 256 / U;
+  static_assert(PRE == 0, "EARLY and PRE both hold the first units");
+  const int warp = threadIdx.x >> 5;
+  pf.early = true;
+  if (warp < imin(n, RED / P) * P) load_unit<K>(pf.first, W, map, 0, warp);
+#endif
+}
 
 template <int K, typename Map>
 __device__ __forceinline__ void gemv_begin(Prefetch& pf, const bf16* W, int n, Map map) {
@@ -259,7 +352,15 @@ __device__ void gemv(const bf16* __restrict__ W, const float* xs, int n, Map map
     const int mine = units > warp ? (units - warp + NW - 1) / NW : 0;  // this warp's units: warp + k NW
     const int k0 = b0 == 0 && pf.pending ? imin(PRE, mine) : 0;        // the first k0 are in `pre`
     U4 cur[U], nxt[U];
-    if (k0 < mine) load_unit<K>(cur, W, map, b0, warp + k0 * NW);      // in flight while those are summed
+    if (b0 == 0 && pf.early) {
+      if (mine > 0) {
+#pragma unroll
+        for (int v = 0; v < U; ++v) cur[v] = pf.first[v];
+      }
+      pf.early = false;
+    } else if (k0 < mine) {
+      load_unit<K>(cur, W, map, b0, warp + k0 * NW);  // in flight while those are summed
+    }
     if (b0 == 0 && pf.pending) {
       prefetch_wait(pf);
       for (int k = 0; k < k0; ++k) {
@@ -291,21 +392,28 @@ __device__ void gemv(const bf16* __restrict__ W, const float* xs, int n, Map map
   }
 }
 
-// xs[i] = bf16(g[i] * bf16(x[i] * rstd)) for the D values of x (fp32 buffer or a bf16 row). All loads
-// are issued before the first use: one memory latency, not D / NT of them.
-__device__ void load_normed(float* xs, const float* src, const bf16* src_b, const bf16* g, float eps,
-                            float* scratch) {
+// xs[i] = bf16(g[i] * bf16(x[i] * rstd)) for the D values of x (fp32 buffer or a bf16 row; with `add`,
+// x = bf16(src + bf16(add)), the residual add of a FUSED down projection). All loads are issued
+// before the first use: one memory latency, not D / NT of them.
+__device__ void load_normed(float* xs, const float* src, const bf16* src_b, const float* add, const bf16* g,
+                            float eps, float* scratch) {
   constexpr int PER = (D + NT - 1) / NT;
-  float v[PER], w[PER];
+  float v[PER], w[PER], a[PER];
 #pragma unroll
   for (int t = 0; t < PER; ++t) {
     const int i = threadIdx.x + t * NT;
     v[t] = 0.f;
     w[t] = 0.f;
+    a[t] = 0.f;
     if (i < D) {
       v[t] = src ? ldcg(src + i) : b2f(src_b[i]);
+      if (add) a[t] = ldcg(add + i);
       w[t] = b2f(g[i]);
     }
+  }
+  if (add) {
+#pragma unroll
+    for (int t = 0; t < PER; ++t) v[t] = rb(v[t] + rb(a[t]));
   }
   float ss = 0.f;
 #pragma unroll
@@ -335,6 +443,63 @@ __device__ void load_vector(float* xs, const float* src) {
     if (i < N) xs[i] = v[t];
   }
   __syncthreads();
+}
+
+// FUSED: acc[r] += sum over this block's features f in [f0, f0 + nf) of act[f - f0] * W2[r][f], for
+// every row r: its slice of the down projection's inner dimension. W2T[f] (row f of W2 transposed)
+// is D contiguous values, so a block streams one contiguous range. Thread t keeps 8 rows (column
+// group t % CG) of feature lane t / CG; the lanes are summed in shared memory (`red`: FL * D = 8 NT
+// floats) and each 4 rows go out as one vector atomic add.
+#define CG (D / 8)
+#define FL (NT / CG)
+#ifndef DB
+#define DB 4  // features a thread has in flight per batch (two batches: this one summed, the next loading)
+#endif
+__device__ void down_partial(const bf16* __restrict__ w2t, const float* act, int f0, int nf, float* red,
+                             float* acc) {
+  static_assert(!FUSED || (NT % CG == 0 && FL * D <= RED), "FUSED needs D / 8 to divide the block's threads");
+  const int cg = threadIdx.x % CG, fl = threadIdx.x / CG;
+  const bf16* base = w2t + (u64)f0 * D + cg * 8;
+  const int mine = nf > fl ? (nf - fl + FL - 1) / FL : 0;  // this thread's features: fl, fl + FL, ...
+  float a[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) a[e] = 0.f;
+  U4 cur[DB], nxt[DB];
+#pragma unroll
+  for (int j = 0; j < DB; ++j)
+    if (j < mine) cur[j] = ldw(base + (u64)(fl + j * FL) * D);
+  for (int k0 = 0; k0 < mine; k0 += DB) {
+#pragma unroll
+    for (int j = 0; j < DB; ++j)
+      if (k0 + DB + j < mine) nxt[j] = ldw(base + (u64)(fl + (k0 + DB + j) * FL) * D);
+#pragma unroll
+    for (int j = 0; j < DB; ++j) {
+      if (k0 + j < mine) {
+        const float x = act[fl + (k0 + j) * FL];
+        const U4 w = cur[j];
+        a[0] = fmaf(lo(w.x), x, a[0]); a[1] = fmaf(hi(w.x), x, a[1]);
+        a[2] = fmaf(lo(w.y), x, a[2]); a[3] = fmaf(hi(w.y), x, a[3]);
+        a[4] = fmaf(lo(w.z), x, a[4]); a[5] = fmaf(hi(w.z), x, a[5]);
+        a[6] = fmaf(lo(w.w), x, a[6]); a[7] = fmaf(hi(w.w), x, a[7]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < DB; ++j) cur[j] = nxt[j];
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) red[fl * D + cg * 8 + e] = a[e];
+  __syncthreads();
+  for (int k = threadIdx.x; k < D / 4; k += NT) {
+    const int r4 = ROT ? (k + blockIdx.x * 32) % (D / 4) : k;
+    float t[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      t[e] = 0.f;
+      for (int l = 0; l < FL; ++l) t[e] += red[l * D + r4 * 4 + e];
+    }
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(acc + r4 * 4), "f"(t[0]), "f"(t[1]), "f"(t[2]), "f"(t[3]) : "memory");
+  }
 }
 
 // -- the phases ----------------------------------------------------------------------------------
@@ -390,15 +555,31 @@ __device__ void phase_qkv(const Params& p, const Layer& L, const float* xs, cons
   });
 }
 
+// FLOW: after the q/k/v phase, add this block's finished pairs [q0, q1) to their KV heads' counts
+// (sync[2 + h]; a head's q slots, its k slot and its v slot). Cumulative fence first: the q values
+// and cache rows written by the whole block are visible before any count.
+__device__ void count_qkv_pairs(const Params& p, int q0, int q1) {
+  __syncthreads();
+  if (threadIdx.x == 0 && q0 < q1) {
+    __threadfence();
+    for (int s = q0 / HALF; s * HALF < q1; ++s) {
+      const int n = imin(q1, (s + 1) * HALF) - imax(q0, s * HALF);
+      const int kvh = s < H ? s / G : (s < H + HKV ? s - H : s - H - HKV);
+      atomicAdd(p.sync + 2 + kvh, (u64)n);
+    }
+  }
+}
+
 // The last item of a KV head to finish merges its chunks: attn[h * HD + d] for its G query heads.
 __device__ void merge_head(const Params& p, int kvh, int nch, float* sm) {
   float* mstat = sm;                     // [G][nch]
   float* weight = mstat + G * nch;       // [G][nch]
   float* lsum = weight + G * nch;        // [G][nch]
   float* inv = lsum + G * nch;           // [G]
-  const float* part = p.part + (u64)kvh * G * p.max_chunks * (HD + 2);
+  const float* part = p.part + (u64)kvh * G * p.max_chunks * HD;                   // [G][chunks][HD]
+  const float* stats = p.part + (u64)H * p.max_chunks * HD + (u64)kvh * G * p.max_chunks * 2;  // [G][chunks][2]
   for (int i = threadIdx.x; i < G * nch; i += NT) {
-    const float* at = part + ((u64)(i / nch) * p.max_chunks + i % nch) * (HD + 2) + HD;
+    const float* at = stats + ((u64)(i / nch) * p.max_chunks + i % nch) * 2;
     const float m = ldcg(at), l = ldcg(at + 1);
     mstat[i] = m;
     lsum[i] = l;
@@ -423,7 +604,7 @@ __device__ void merge_head(const Params& p, int kvh, int nch, float* sm) {
       float v[MERGE_UNROLL];
 #pragma unroll
       for (int u = 0; u < MERGE_UNROLL; ++u)
-        v[u] = c0 + u < nch ? ldcg(part + ((u64)g * p.max_chunks + c0 + u) * (HD + 2) + d) : 0.f;
+        v[u] = c0 + u < nch ? ldcg(part + ((u64)g * p.max_chunks + c0 + u) * HD + d) : 0.f;
 #pragma unroll
       for (int u = 0; u < MERGE_UNROLL; ++u)
         if (c0 + u < nch) acc = fmaf(weight[g * nch + c0 + u], v[u], acc);
@@ -435,7 +616,9 @@ __device__ void merge_head(const Params& p, int kvh, int nch, float* sm) {
 
 // One work item = one KV head over ATT_T cache positions, for its G query heads: its online-softmax
 // partial (acc, max, sum) goes to p.part; the KV head's last item merges them (merge_head).
-__device__ void phase_attention(const Params& p, const Layer& L, int pos, float* sm) {
+// FLOW: an item first loads the cache rows older than `pos` (written by earlier steps), then waits
+// until its head's q/k/v pairs are all done (count `flow_target`), then loads q and row `pos`.
+__device__ void phase_attention(const Params& p, const Layer& L, int pos, float* sm, u64 flow_target) {
   float* qs = sm;                        // [G][HD]
   float* ks = qs + G * HD;               // [ATT_T][HD + 1] (padded: conflict-free column reads)
   float* vs = ks + ATT_T * (HD + 1);     // [ATT_T][HD]
@@ -453,21 +636,34 @@ __device__ void phase_attention(const Params& p, const Layer& L, int pos, float*
     float qv[QPER];
     U4 kv[KPER], vv[KPER];
 #pragma unroll
-    for (int t = 0; t < QPER; ++t) {
-      const int i = threadIdx.x + t * NT;
-      if (i < G * HD) qv[t] = ldcg(p.q + kvh * G * HD + i);
-    }
-#pragma unroll
     for (int t = 0; t < KPER; ++t) {
       const int i = threadIdx.x + t * NT, r = i / (HD / 8), c = (i % (HD / 8)) * 8;
       const U4 zero = {0u, 0u, 0u, 0u};
       kv[t] = zero;
       vv[t] = zero;
-      if (i < VEC && base + r <= pos) {
+      if (i < VEC && base + r < pos + (FLOW ? 0 : 1)) {
         const u64 at = ((u64)kvh * p.slots + base + r) * HD + c;
         kv[t] = ldcg4(L.k_cache + at);
         vv[t] = ldcg4(L.v_cache + at);
       }
+    }
+#if FLOW
+    if (threadIdx.x == 0) spin_until(p, p.sync + 2 + kvh, flow_target);
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < KPER; ++t) {
+      const int i = threadIdx.x + t * NT, r = i / (HD / 8), c = (i % (HD / 8)) * 8;
+      if (i < VEC && base + r == pos) {
+        const u64 at = ((u64)kvh * p.slots + base + r) * HD + c;
+        kv[t] = ldcg4(L.k_cache + at);
+        vv[t] = ldcg4(L.v_cache + at);
+      }
+    }
+#endif
+#pragma unroll
+    for (int t = 0; t < QPER; ++t) {
+      const int i = threadIdx.x + t * NT;
+      if (i < G * HD) qv[t] = ldcg(p.q + kvh * G * HD + i);
     }
 #pragma unroll
     for (int t = 0; t < QPER; ++t) {
@@ -520,11 +716,20 @@ __device__ void phase_attention(const Params& p, const Layer& L, int pos, float*
       const int g = i / HD, d = i % HD;
       float a = 0.f;
       for (int r = 0; r < ATT_T; ++r) a = fmaf(ps[g * ATT_T + r], vs[r * HD + d], a);
-      float* dst = p.part + ((u64)(kvh * G + g) * p.max_chunks + ch) * (HD + 2);
-      dst[d] = a;
-      if (d == 0) { dst[HD] = stat[2 * g]; dst[HD + 1] = stat[2 * g + 1]; }
+      const u64 slot = (u64)(kvh * G + g) * p.max_chunks + ch;  // acc [H][chunks][HD], then (max, sum) [H][chunks][2]
+#if PART16
+      ((bf16*)p.part)[slot * HD + d] = f2b(a / stat[2 * g + 1]);  // a chunk's sum is >= 1 (its max's term)
+#else
+      p.part[slot * HD + d] = a;
+#endif
+      if (d == 0) {
+        float* st = p.part + (u64)H * p.max_chunks * HD + slot * 2;
+        st[0] = stat[2 * g];
+        st[1] = stat[2 * g + 1];
+      }
     }
     __syncthreads();
+#if !MERGE
     if (threadIdx.x == 0) {  // the last of this head's items to finish merges them
       __threadfence();
       *last = atomicAdd(p.counts + kvh, 1) == nch - 1;
@@ -536,7 +741,71 @@ __device__ void phase_attention(const Params& p, const Layer& L, int pos, float*
       if (threadIdx.x == 0) p.counts[kvh] = 0;  // every item of this head has counted: ready for the next layer
     }
     __syncthreads();
+#endif
   }
+}
+
+// MERGE: xs[h * HD + d] = query head h's attention output, merged from its chunks' partials as the
+// output projection loads its input. Every block merges every head: one round of loads, where a
+// merging block costs a count and two rounds. A thread takes 4 consecutive d of one head, chunks 8
+// at a time (rescaled between groups as an online softmax does; one group up to 8 * ATT_T positions).
+__device__ void load_merged(const Params& p, float* xs, int nch) {
+  constexpr int QUADS = H * HD / 4;
+  const float* stats = p.part + (u64)H * p.max_chunks * HD;
+  for (int k = threadIdx.x; k < QUADS; k += NT) {
+    const int qd = ROT ? (k + blockIdx.x * 32) % QUADS : k;
+    const int hq = qd / (HD / 4), d = (qd % (HD / 4)) * 4;
+    const float* acc = p.part + (u64)hq * p.max_chunks * HD + d;
+    const bf16* acc16 = (const bf16*)p.part + (u64)hq * p.max_chunks * HD + d;
+    const float* st = stats + (u64)hq * p.max_chunks * 2;
+    float M = NEG_INF, L = 0.f, A[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int c0 = 0; c0 < nch; c0 += 8) {
+      F4 v[8];
+      float m[8], l[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        m[u] = NEG_INF;
+        l[u] = 0.f;
+        v[u] = F4{0.f, 0.f, 0.f, 0.f};
+        if (c0 + u < nch) {
+#if PART16
+          const uint2 h = ldcg_u2(acc16 + (u64)(c0 + u) * HD);
+          v[u] = F4{lo(h.x), hi(h.x), lo(h.y), hi(h.y)};
+#else
+          v[u] = ldcg_f4(acc + (u64)(c0 + u) * HD);
+#endif
+          m[u] = ldcg(st + 2 * (c0 + u));
+          l[u] = ldcg(st + 2 * (c0 + u) + 1);
+        }
+      }
+      float top = M;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) top = fmaxf(top, m[u]);
+      const float keep = exp2f(M - top);  // 0 for the first group (M = -inf, top finite)
+      L *= keep;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) A[e] *= keep;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (c0 + u < nch) {
+#if PART16
+          const float w = exp2f(m[u] - top) * l[u];  // v is the chunk's mean: weigh it by the chunk's sum
+          L += w;
+#else
+          const float w = exp2f(m[u] - top);
+          L += w * l[u];
+#endif
+          A[0] = fmaf(w, v[u].x, A[0]); A[1] = fmaf(w, v[u].y, A[1]);
+          A[2] = fmaf(w, v[u].z, A[2]); A[3] = fmaf(w, v[u].w, A[3]);
+        }
+      }
+      M = top;
+    }
+    const float inv = 1.f / L;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) xs[hq * HD + d + e] = rb(A[e] * inv);
+  }
+  __syncthreads();
 }
 
 extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
@@ -546,19 +815,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
   float* outs = red + RED;               // its row sums
   float* scratch = outs + RED;           // block sums
   float* rope = scratch + 32;            // cos, sin at this step's position [2][HD]
-  float* att = rope + 2 * HD;            // attention and merge scratch ...
+  float* act_s = rope + 2 * HD;          // FUSED: this block's gate/up features [ACT_MAX]
+  float* att = act_s + ACT_MAX;          // attention and merge scratch ...
   __shared__ u64 s_launch;
   __shared__ alignas(8) u64 s_mbar;
-  Prefetch pre{(U4*)att, (unsigned)__cvta_generic_to_shared(&s_mbar), 0u, false};  // att is 16-byte aligned
+  Prefetch pre{(U4*)att, (unsigned)__cvta_generic_to_shared(&s_mbar), 0u, false, false, {}};  // att: 16-byte aligned
   if (threadIdx.x == 0) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(pre.mbar) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   if (threadIdx.x == 0) s_launch = ld_acquire(p.sync + 1);
   __syncthreads();
-  const u64 nb = gridDim.x, per_launch = (u64)5 * p.n_layers;
-  u64 barrier = s_launch * per_launch;
-  const u64 first_barrier = barrier + 1;
+  const u64 nb = gridDim.x, launch = s_launch;
+  u64 barrier = launch * BARRIERS * p.n_layers;
 #if TIMING
   if (threadIdx.x == 0) p.times[(u64)blockIdx.x * TIMES + TIMES - 2] = global_ns();
 #endif
@@ -575,26 +844,40 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
   constexpr int PAIRS = (H + 2 * HKV) * HALF;
   const int q0 = split(PAIRS, b, B), q1 = split(PAIRS, b + 1, B);
   gemv_begin<D>(pre, p.layers[0].wqkv, 2 * (q1 - q0), QkvMap{q0});
+  gemv_early<D>(pre, p.layers[0].wqkv, 2 * (q1 - q0), QkvMap{q0});
 
   for (int l = 0; l < p.n_layers; ++l) {
     const Layer& L = p.layers[l];
     const bool head = l == 0;
+    // FUSED: this layer's down projection adds into acc[l % 2]; the last layer's into acc[(l - 1) % 2]
+    float* acc_now = p.acc + (l & 1) * D;
+    const float* acc_before = head || !FUSED ? nullptr : p.acc + ((l + 1) & 1) * D;
     // A: norm, q/k/v, RoPE, cache
-    load_normed(xs, head ? nullptr : p.resid, emb, L.attn_norm, p.eps, scratch);
+    load_normed(xs, head ? nullptr : p.resid, emb, acc_before, L.attn_norm, p.eps, scratch);
     mark(p, 5 * l);
     phase_qkv(p, L, xs, rope, pos, red, outs, pre);
     mark(p, 5 * l + 1);
+#if FLOW
+    count_qkv_pairs(p, q0, q1);
+    no_barrier(p, 5 * l);
+#else
     ++barrier;
-    arrive(p, (int)(barrier - first_barrier));
-    wait(p, barrier * nb, (int)(barrier - first_barrier));
+    arrive(p, 5 * l);
+    wait(p, barrier * nb, 5 * l);
+#endif
     // B: attention
-    phase_attention(p, L, pos, att);
+    phase_attention(p, L, pos, att, (launch * p.n_layers + l + 1) * (u64)((G + 2) * HALF));
     ++barrier;
-    arrive(p, (int)(barrier - first_barrier));
+    arrive(p, 5 * l + 1);
     gemv_begin<H * HD>(pre, L.wo, o1 - o0, RangeMap{o0});
-    wait(p, barrier * nb, (int)(barrier - first_barrier));
+    gemv_early<H * HD>(pre, L.wo, o1 - o0, RangeMap{o0});
+    wait(p, barrier * nb, 5 * l + 1);
     // C: output projection, residual
+#if MERGE
+    load_merged(p, xs, (pos + ATT_T) / ATT_T);
+#else
     load_vector<H * HD>(xs, p.attn);
+#endif
     mark(p, 5 * l + 2);
     gemv<H * HD>(L.wo, xs, o1 - o0, RangeMap{o0}, red, outs, pre, [&](int b0, int rows, const float* o) {
       for (int i = threadIdx.x; i < rows; i += NT) {
@@ -603,27 +886,39 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
 #if O_BIAS
         y += b2f(L.bo[r]);
 #endif
-        const float x = head ? b2f(emb[r]) : ldcg(p.resid + r);
+        float x = head ? b2f(emb[r]) : ldcg(p.resid + r);
+        if (acc_before) x = rb(x + rb(ldcg(acc_before + r)));
         p.resid[r] = rb(x + rb(y));
+        if (FUSED) acc_now[r] = 0.f;  // its last readers were the previous layer's phases A and C
       }
     });
     ++barrier;
-    arrive(p, (int)(barrier - first_barrier));
+    arrive(p, 5 * l + 2);
     gemv_begin<D>(pre, L.w13, 2 * (f1 - f0), PairMap{f0});
-    wait(p, barrier * nb, (int)(barrier - first_barrier));
+    gemv_early<D>(pre, L.w13, 2 * (f1 - f0), PairMap{f0});
+    wait(p, barrier * nb, 5 * l + 2);
     // D: norm, gate/up, SwiGLU
-    load_normed(xs, p.resid, nullptr, L.ffn_norm, p.eps, scratch);
+    load_normed(xs, p.resid, nullptr, nullptr, L.ffn_norm, p.eps, scratch);
     mark(p, 5 * l + 3);
     gemv<D>(L.w13, xs, 2 * (f1 - f0), PairMap{f0}, red, outs, pre, [&](int b0, int rows, const float* o) {
       for (int i = threadIdx.x; i < rows / 2; i += NT) {
         const float g = rb(o[2 * i]), u = rb(o[2 * i + 1]);
-        p.act[f0 + b0 / 2 + i] = rb(rb(g / (1.f + expf(-g))) * u);
+        const float a = rb(rb(g / (1.f + expf(-g))) * u);
+        if (FUSED) act_s[b0 / 2 + i] = a;
+        else p.act[f0 + b0 / 2 + i] = a;
       }
     });
+#if FUSED
+    // E: this block's split-K part of the down projection, straight from its own features
+    no_barrier(p, 5 * l + 3);
+    mark(p, 5 * l + 4);
+    down_partial(L.w2t, act_s, f0, f1 - f0, red, acc_now);
+#else
     ++barrier;
-    arrive(p, (int)(barrier - first_barrier));
+    arrive(p, 5 * l + 3);
     gemv_begin<FF>(pre, L.w2, o1 - o0, RangeMap{o0});
-    wait(p, barrier * nb, (int)(barrier - first_barrier));
+    gemv_early<FF>(pre, L.w2, o1 - o0, RangeMap{o0});
+    wait(p, barrier * nb, 5 * l + 3);
     // E: down projection, residual
     load_vector<FF>(xs, p.act);
     mark(p, 5 * l + 4);
@@ -633,17 +928,22 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
         p.resid[r] = rb(ldcg(p.resid + r) + rb(o[i]));
       }
     });
+#endif
     ++barrier;
-    arrive(p, (int)(barrier - first_barrier));
-    if (l + 1 < p.n_layers)
+    arrive(p, 5 * l + 4);
+    if (l + 1 < p.n_layers) {
       gemv_begin<D>(pre, p.layers[l + 1].wqkv, 2 * (q1 - q0), QkvMap{q0});
-    else
+      gemv_early<D>(pre, p.layers[l + 1].wqkv, 2 * (q1 - q0), QkvMap{q0});
+    } else {
       gemv_begin<D>(pre, p.lm_head, v1 - v0, RangeMap{v0});
-    wait(p, barrier * nb, (int)(barrier - first_barrier));
+      gemv_early<D>(pre, p.lm_head, v1 - v0, RangeMap{v0});
+    }
+    wait(p, barrier * nb, 5 * l + 4);
   }
   // The final norm and the LM head.
   if (b == 0 && threadIdx.x == 0) atomicAdd(p.sync + 1, 1ull);  // every block has read the launch count
-  load_normed(xs, p.resid, nullptr, p.final_norm, p.eps, scratch);
+  load_normed(xs, p.resid, nullptr, FUSED ? p.acc + ((p.n_layers + 1) & 1) * D : nullptr, p.final_norm, p.eps,
+              scratch);
   if (b == 0)
     for (int i = threadIdx.x; i < D; i += NT) p.hidden[i] = f2b(xs[i]);
   gemv<D>(p.lm_head, xs, v1 - v0, RangeMap{v0}, red, outs, pre, [&](int b0, int rows, const float* o) {

@@ -2,10 +2,11 @@
 
 The fused Triton path runs a step as six kernels a layer; on an H200 the 1B shape's small matrices
 then stream at 35-59% of the copy ceiling, because every kernel fills and drains the memory pipe
-(docs/gpu.md, "Why c stays at 0.23"). The megakernel keeps one block on every SM for the whole step,
-separates the phases by grid barriers. On an H200 its 1B-shape step takes 0.925 ms against 0.933 for
-the Triton kernels, side by side (benchmarks/gpu_megakernel.py): parity, not the 0.84 ms that c = 0.2
-needs, so it stays an experiment (docs/gpu.md, "A CUDA megakernel").
+(docs/gpu.md, "Why c stays at 0.23"). The megakernel keeps one block on every SM for the whole step.
+With all its options (megakernel.cu's header) a layer has three grid barriers instead of five, and
+on an H200 its 1B-shape step is 0.83-0.85 ms as graph replays against 0.93-0.94 for the Triton
+kernels side by side (benchmarks/gpu_megakernel.py), and 0.871 against 0.950 ms in `specdec bench
+gpu --draft-megakernel`, where it runs after minutes of load (docs/gpu.md, "A CUDA megakernel").
 
 Its logits are not bit-equal to the Triton kernels' (another reduction order), so it is for draft
 models only: a draft's numerics never reach the output, since the target's verify pass decides
@@ -33,17 +34,15 @@ SOURCE = Path(__file__).with_name("megakernel.cu")
 THREADS = 512
 LOADS_IN_FLIGHT = (4, 2, 1)  # 16-byte weight loads per lane in a GEMV unit (two units in flight): the first that fits
 TIMES, MARKS = 15 * 64 + 2, 10 * 64  # as in megakernel.cu
-RED, ATT_T = 4096, 64  # as in megakernel.cu
-PREFETCH_UNITS = 0  # GEMV units per warp bulk-copied into shared memory before each barrier (0-4; 3 was slower)
-
-
-def prefetch_units() -> int:
-    """PREFETCH_UNITS, or SPECDEC_MEGAKERNEL_PREFETCH (0-4) for side-by-side timing."""
-    value = os.environ.get("SPECDEC_MEGAKERNEL_PREFETCH", str(PREFETCH_UNITS))
-    if value not in ("0", "1", "2", "3", "4"):
-        raise ValueError(f"SPECDEC_MEGAKERNEL_PREFETCH must be 0 to 4 (units a warp copies ahead), not {value!r}")
-    return int(value)
-_LAYER_FIELDS = ("wqkv", "bqkv", "wo", "bo", "attn_norm", "ffn_norm", "w13", "w2", "k_cache", "v_cache")
+RED, ATT_T, ACT_MAX = 4096, 64, 256  # as in megakernel.cu
+GUARD, GUARD_VALUE = 65536, -12345.0  # floats after the attention partials, and what they hold
+_LAYER_FIELDS = ("wqkv", "bqkv", "wo", "bo", "attn_norm", "ffn_norm", "w13", "w2", "w2t", "k_cache", "v_cache")
+# Options of megakernel.cu (its header says what each does), all on by default: FLOW (per-head counts
+# between q/k/v and attention), FUSED (gate/up and a split-K down projection in one phase), LIGHT
+# (release/acquire barriers), MERGE (every block merges the attention partials), EARLY (the next GEMV's
+# first unit loaded during a barrier), PART16 (bf16 partials), ROT (blocks start shared loads and
+# atomics at different rows). benchmarks/gpu_megakernel.py times them against each other.
+OPTIONS = ("FLOW", "FUSED", "LIGHT", "MERGE", "EARLY", "PART16", "ROT")
 
 
 class _Params(ctypes.Structure):
@@ -51,7 +50,7 @@ class _Params(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_void_p) for name in (
         "layers", "embed", "final_norm", "lm_head", "cos", "sin", "token", "pos",
-        "resid", "q", "part", "act", "attn", "logits", "hidden", "sync", "flag", "times", "counts")] + \
+        "resid", "q", "part", "act", "attn", "acc", "logits", "hidden", "sync", "flag", "times", "counts")] + \
         [("eps", ctypes.c_float)] + \
         [(name, ctypes.c_int) for name in ("n_layers", "slots", "vocab", "max_chunks")]
 
@@ -141,11 +140,26 @@ def default_loads(arch) -> int:
 
 
 def macros(arch, loads_in_flight: int | None = None, timing: bool = False,
-           prefetch: int | None = None) -> dict[str, int]:
+           options: tuple[str, ...] = OPTIONS) -> dict[str, int]:
+    """The kernel's compile-time sizes and options. PRE (units bulk-copied into shared memory before
+    each barrier, slower on an H200: docs/gpu.md) is 0; `extra` in MegakernelStep can set it, without EARLY."""
+    unknown = set(options) - set(OPTIONS)
+    if unknown:
+        raise ValueError(f"megakernel options are {OPTIONS}, not {sorted(unknown)}")
     loads_in_flight = loads_in_flight or default_loads(arch)
-    return {"PRE": prefetch_units() if prefetch is None else prefetch, "D": arch.dim, "H": arch.n_heads, "HKV": arch.n_kv_heads, "HD": arch.head_dim,
+    return {"PRE": 0, "D": arch.dim, "H": arch.n_heads, "HKV": arch.n_kv_heads, "HD": arch.head_dim,
             "FF": arch.intermediate, "NT": THREADS, "U": loads_in_flight, "TIMING": int(timing),
-            "QKV_BIAS": int(arch.qkv_bias), "O_BIAS": int(arch.out_bias)}
+            "QKV_BIAS": int(arch.qkv_bias), "O_BIAS": int(arch.out_bias),
+            **{name: int(name in options) for name in OPTIONS}}
+
+
+def fused_unsupported(arch, grid: int) -> str | None:
+    """Why the FUSED option cannot take this shape on `grid` blocks, or None."""
+    if THREADS % (arch.dim // 8) or arch.dim % 8:
+        return f"FUSED needs dim / 8 to divide {THREADS} (dim is {arch.dim})"
+    if -(-arch.intermediate // grid) > ACT_MAX:
+        return f"FUSED needs at most {ACT_MAX} gate/up features a block ({arch.intermediate} on {grid} blocks)"
+    return None
 
 
 @functools.cache
@@ -211,34 +225,48 @@ class MegakernelStep:
     instance serves one captured graph. Launches use every SM: nothing may run beside it."""
 
     def __init__(self, net, loads_in_flight: int | None = None, timing: bool = False,
-                 prefetch: int | None = None):
+                 options: tuple[str, ...] | None = None, extra: dict | None = None):
         arch, device = net.arch, net.slot_ids.device
         reason = unavailable(arch, device)
         if reason is None and net.embed.weight.dtype != torch.bfloat16:
             reason = f"the megakernel runs bf16 weights (these are {net.embed.weight.dtype})"
         if reason:
             raise ValueError(reason)
+        grid = self._grid(device)
+        if options is None:  # all of them, less FUSED where the shape does not allow it
+            options = tuple(o for o in OPTIONS if o != "FUSED" or not fused_unsupported(arch, grid))
+        if "FUSED" in options and fused_unsupported(arch, grid):
+            raise ValueError(fused_unsupported(arch, grid))
         self.net, self.arch = net, arch
+        # FUSED streams W2 transposed ([FF][D]: a block's features are one contiguous range)
+        self.w2t = [block.w2.weight.t().contiguous() for block in net.layers] if "FUSED" in options else []
         h, hd, g = arch.n_heads, arch.head_dim, arch.n_heads // arch.n_kv_heads
-        self.max_chunks = -(-net.slots // ATT_T)
+        defines = {**macros(arch, loads_in_flight, timing, options), **(extra or {})}
+        att_t = defines.get("ATT_T", ATT_T)
+        self.max_chunks = -(-net.slots // att_t)
         f32 = dict(dtype=torch.float32, device=device)
         self.resid = torch.zeros(arch.dim, **f32)
         self.q = torch.zeros(h * hd, **f32)
-        self.part = torch.zeros(h * self.max_chunks * (hd + 2), **f32)  # attention partials: acc, max, sum
+        # attention partials (acc, then max and sum), and a guard after them that no launch may touch
+        n_part = h * self.max_chunks * (hd + 2)
+        self._part_and_guard = torch.full((n_part + GUARD,), GUARD_VALUE, **f32)
+        self.part = self._part_and_guard[:n_part]
+        self.part.zero_()
         self.counts = torch.zeros(arch.n_kv_heads, dtype=torch.int32, device=device)
         self.act = torch.zeros(arch.intermediate, **f32)
         self.attn = torch.zeros(h * hd, **f32)
+        self.acc = torch.zeros(2 * arch.dim, **f32)  # FUSED: the down projection's sums, by layer parity
         self.logits = torch.zeros(1, arch.vocab_size, dtype=torch.bfloat16, device=device)
         self.hidden = torch.zeros(1, arch.dim, dtype=torch.bfloat16, device=device)
-        self.sync = torch.zeros(2, dtype=torch.int64, device=device)
+        self.sync = torch.zeros(2 + arch.n_kv_heads, dtype=torch.int64, device=device)
         self.flag = torch.zeros(1, dtype=torch.int32, device=device)
-        self.layers = torch.tensor([[self._ptr(block, name) for name in _LAYER_FIELDS] for block in net.layers],
+        self.layers = torch.tensor([[self._ptr(block, name, i) for name in _LAYER_FIELDS]
+                                    for i, block in enumerate(net.layers)],
                                    dtype=torch.int64, device=device)
         xs = max(arch.dim, arch.intermediate, h * hd)
-        att = g * hd + ATT_T * (hd + 1) + ATT_T * hd + g * ATT_T + 2 * g + 4 + 3 * g * self.max_chunks + g
-        defines = macros(arch, loads_in_flight, timing, prefetch)
+        att = g * hd + att_t * (hd + 1) + att_t * hd + g * att_t + 2 * g + 4 + 3 * g * self.max_chunks + g
         prefetch_bytes = 16 * defines["PRE"] * (THREADS // 32) * defines["U"] * 32
-        shared = 4 * (xs + 2 * RED + 32 + 2 * hd) + max(4 * att, prefetch_bytes)
+        shared = 4 * (xs + 2 * RED + 32 + 2 * hd + ACT_MAX) + max(4 * att, prefetch_bytes)
         defines = tuple(sorted(defines.items()))
         self.times = torch.zeros(self._grid(device) * TIMES if timing else 1, dtype=torch.int64, device=device)
         cubin = _compile(defines, torch.cuda.get_device_capability(device))
@@ -251,10 +279,10 @@ class MegakernelStep:
     def _grid(device) -> int:
         return torch.cuda.get_device_properties(device).multi_processor_count
 
-    @staticmethod
-    def _ptr(block, name: str) -> int:
+    def _ptr(self, block, name: str, index: int) -> int:
         tensor = {"bqkv": block.wqkv.bias, "bo": block.wo.bias, "k_cache": block.k_cache,
-                  "v_cache": block.v_cache, "attn_norm": block.attn_norm, "ffn_norm": block.ffn_norm}.get(name)
+                  "v_cache": block.v_cache, "attn_norm": block.attn_norm, "ffn_norm": block.ffn_norm,
+                  "w2t": self.w2t[index] if self.w2t else None}.get(name)
         if tensor is None and name in ("wqkv", "wo", "w13", "w2"):
             tensor = getattr(block, name).weight
         return 0 if tensor is None else tensor.data_ptr()
@@ -267,7 +295,7 @@ class MegakernelStep:
                 layers=self.layers.data_ptr(), embed=net.embed.weight.data_ptr(), final_norm=net.norm.data_ptr(),
                 lm_head=net.lm_weight().data_ptr(), cos=net.cos.data_ptr(), sin=net.sin.data_ptr(),
                 token=tokens.data_ptr(), pos=pos.data_ptr(), resid=self.resid.data_ptr(), q=self.q.data_ptr(),
-                part=self.part.data_ptr(), act=self.act.data_ptr(), attn=self.attn.data_ptr(),
+                part=self.part.data_ptr(), act=self.act.data_ptr(), attn=self.attn.data_ptr(), acc=self.acc.data_ptr(),
                 logits=self.logits.data_ptr(), hidden=self.hidden.data_ptr(), sync=self.sync.data_ptr(),
                 flag=self.flag.data_ptr(), times=self.times.data_ptr(), counts=self.counts.data_ptr(),
                 eps=a.norm_eps, n_layers=a.n_layers, slots=net.slots, vocab=a.vocab_size, max_chunks=self.max_chunks)
@@ -279,6 +307,17 @@ class MegakernelStep:
             raise ValueError("the megakernel step takes one token and its position (int64 tensors of shape [1])")
         self.kernel.launch(self.grid, self._params_for(tokens, pos), torch.cuda.current_stream().cuda_stream)
         return self.logits, self.hidden
+
+    def reset(self) -> None:
+        """Back to the state of a new instance: counters, and the sums whose buffers alternate across
+        launches (a launch expects the ones its first layer uses to be zero)."""
+        for buffer in (self.sync, self.counts, self.acc, self.flag):
+            buffer.zero_()
+
+    def guard_intact(self) -> bool:
+        """Whether every launch so far left the floats after the attention partials alone (a check
+        on the kernel's partial indexing, which once wrote past them and still gave right logits)."""
+        return bool((self._part_and_guard[self.part.numel():] == GUARD_VALUE).all())
 
     def barrier_timed_out(self) -> bool:
         """Whether a launch's grid barrier ever gave up waiting (its step's results are garbage)."""
