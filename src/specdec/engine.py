@@ -152,6 +152,9 @@ class Engine:
         """eos_token_ids: ids that end generation. decode: list[int] -> str, needed for stop strings.
         overlap: with a drafter that drafts nothing, queue each plain step before reading the token of
         the one before (default: on CUDA, where the GPU then stays busy while the host checks it)."""
+        if getattr(target, "megakernel", False):
+            raise ValueError("the target runs its single-token steps through the megakernel, whose logits differ "
+                             "from its verify passes' in the last bits: use megakernel=True for draft models only")
         self.target = target
         self.drafter = drafter
         self.eos_token_ids = frozenset(eos_token_ids)

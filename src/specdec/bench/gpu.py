@@ -39,6 +39,8 @@ def add_flags(p) -> None:
     p.add_argument("--kernels", choices=["auto", "triton", "torch"], default="auto",
                    help="native step kernels for the main runs (both are timed side by side anyway)")
     p.add_argument("--no-hf-compile", action="store_true", help="skip transformers' static cache + compile row")
+    p.add_argument("--draft-megakernel", action="store_true",
+                   help="the draft's single-token steps through the megakernel (Hopper; models/megakernel.py)")
 
 
 def run(args) -> int:
@@ -127,7 +129,7 @@ def step_ms(model, prompt, rows: int, reps: int) -> float:
 
 
 # -- models ---------------------------------------------------------------------------------------
-def build_models(smoke: bool, max_length: int, kernels: str = "auto"):
+def build_models(smoke: bool, max_length: int, kernels: str = "auto", draft_megakernel: bool = False):
     """HF target (random init), the native target on the same weights, and a native random draft."""
     import torch
     from transformers import LlamaForCausalLM
@@ -148,7 +150,7 @@ def build_models(smoke: bool, max_length: int, kernels: str = "auto"):
     target = NativeLlama.from_hf(hf, "random llama-3.1-8b", max_length=max_length, max_graph_rows=65,
                                  kernels=kernels)
     draft = NativeLlama.random("llama-3.2-1b", max_length=max_length, arch_overrides=overrides, seed=1,
-                               kernels=kernels)
+                               kernels=kernels, megakernel=draft_megakernel)
     return hf, target, draft
 
 
@@ -389,7 +391,8 @@ def run_gpu(args) -> int:
     smoke = args.smoke
     res = {"card": torch.cuda.get_device_name(0), "machine": machine_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "smoke": smoke,
-           "target": "random-weight Llama-3.1-8B shape, bf16", "draft": "random-weight Llama-3.2-1B shape, bf16"}
+           "target": "random-weight Llama-3.1-8B shape, bf16", "draft": "random-weight Llama-3.2-1B shape, bf16",
+           "draft_megakernel": args.draft_megakernel}
     import transformers
 
     res["transformers"] = transformers.__version__
@@ -405,7 +408,7 @@ def run_gpu(args) -> int:
     save("copy_bandwidth_gbs", copy_bandwidth(0.5 if smoke else 4.0, 5 if smoke else 20))
     new_tokens = 16 if smoke else args.new_tokens
     hf, target, draft = build_models(smoke, max_length=args.context + max(new_tokens, 256) + 128,
-                                     kernels=args.kernels)
+                                     kernels=args.kernels, draft_megakernel=args.draft_megakernel)
     save("params", {"target": sum(p.numel() for p in target.net.parameters()),
                     "draft": sum(p.numel() for p in draft.net.parameters())})
     ctx_prompt = random_prompts(1, args.context, target.vocab_size, seed=0)[0]

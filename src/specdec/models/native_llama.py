@@ -18,6 +18,10 @@ faster per step but row-count dependent, so use it together with pad_rows.
 `kernels="triton"` runs the graphed steps through the fused Triton kernels of `triton_ops` instead
 (six kernels per layer, no torch.compile; exact by construction, each row computed the same way
 whatever the row count). `"auto"` takes them on CUDA when Triton and the shape allow.
+
+`megakernel=True` (Hopper GPUs, bf16) runs single-token steps as one persistent CUDA kernel
+(`megakernel.py`) and the rest as before. Its logits differ from a verify pass's in the last bits,
+so it is for draft models only: the engine refuses it as a target.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ class NativeLlama(CausalLM):
 
     def __init__(self, net: LlamaNet, name: str, max_length: int, cuda_graphs: bool | None = None,
                  compile: bool | str = True, max_graph_rows: int = 17, pad_rows: int = 0,
-                 kernels: str = "auto"):
+                 kernels: str = "auto", megakernel: bool = False):
         self.net = net.eval()
         self.model = None  # the transformers model it was built from, kept on a CPU (see from_hf)
         self.arch = net.arch
@@ -100,6 +104,13 @@ class NativeLlama(CausalLM):
         if kernels == "triton" and not self.cuda_graphs:
             raise ValueError("kernels='triton' runs the graphed steps: it needs cuda_graphs (on CUDA, the default)")
         self.fused_kernels = _use_fused_kernels(kernels, net.arch, self.device) and self.cuda_graphs
+        self.megakernel = megakernel
+        if megakernel:
+            from specdec.models import megakernel as mk
+
+            reason = mk.unavailable(net.arch, self.device) or (None if self.cuda_graphs else "it needs cuda_graphs")
+            if reason:
+                raise ValueError(f"megakernel=True: {reason}")
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -199,6 +210,10 @@ class NativeLlama(CausalLM):
             # The choice is bound into this model's step, so models sharing one net keep their own.
             step_fn = functools.partial(self._step_fn or self.net.forward_static, fused=self.fused_kernels,
                                         capture=layers)
+            if self.megakernel and rows == 1 and not layers:
+                from specdec.models.megakernel import MegakernelStep
+
+                step_fn = MegakernelStep(self.net)
             self._graphs[rows, layers] = _StepGraph(self.net, rows, step_fn)
         return self._graphs[rows, layers]
 
