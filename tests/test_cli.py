@@ -104,3 +104,11 @@ def test_out_of_range_flags_exit_2_without_traceback(flag):
     proc = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", *flag, "hi"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "-" in proc.stderr
+
+
+def test_megakernel_draft_off_a_hopper_gpu_is_one_clear_line(capsys, tiny_dirs):
+    """`--draft megakernel:MODEL` needs specdec's native model on a Hopper GPU; on this CPU it says so."""
+    assert main(["generate", "--target", tiny_dirs["target"], "--draft", f"megakernel:{tiny_dirs['draft']}", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "megakernel" in err and "drop megakernel:" in err and "Traceback" not in err
+    assert "unknown draft" not in err  # the model is known; it is the machine that cannot run it so

@@ -9,6 +9,10 @@ class ModelLoadError(SpecdecError):
     """A model name or path could not be resolved or read."""
 
 
+class UnsupportedHereError(ModelLoadError):
+    """The model loads, but cannot run the way asked on this machine (e.g. the megakernel off a Hopper GPU)."""
+
+
 class VocabularyMismatchError(SpecdecError):
     """The draft does not share the target's tokenizer."""
 

@@ -23,7 +23,8 @@ def add_model_flags(parser: argparse.ArgumentParser, draft_default: str = "looku
                              "lookup), `lookup`, `none`, `self-int8`/`self-int4`/`self-bf16` (a quantized copy of "
                              "the target), `head:PATH[:MIN_CONF]`, `lookup+head:PATH[:MIN_CONF]` (MIN_CONF: end a round "
                              "when the head's confidence drops below it), `oracle:ALPHA[:DRAFT]` (engine "
-                             "benchmarks), or a model of the same tokenizer (default: %(default)s)")
+                             "benchmarks), a model of the same tokenizer, or `megakernel:MODEL` (that model's "
+                             "single-token steps as one CUDA kernel: Hopper GPUs, bf16) (default: %(default)s)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu; bf16 on a "
                         "CPU with bf16 units makes verify passes of up to 8 tokens cost little more than one step)")

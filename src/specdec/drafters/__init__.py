@@ -11,7 +11,7 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.lookup import LookupDrafter, lookup_draft
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.none import NoDrafter
-from specdec.errors import ModelLoadError
+from specdec.errors import ModelLoadError, UnsupportedHereError
 from specdec.models import loader
 from specdec.models.loader import LoadedModel, load_model
 
@@ -20,13 +20,18 @@ NAMED: dict[str, Callable[..., Drafter]] = {
     "none": lambda target, dtype=None: NoDrafter(target.model.device),
     "lookup": lambda target, dtype=None: LookupDrafter(target.model.device),
 }
-PREFIXED: dict[str, Callable[..., Drafter]] = {}
+PREFIXED: dict[str, Callable[..., Drafter]] = {
+    # megakernel:MODEL: the model's single-token steps as one CUDA kernel (Hopper, bf16; models/megakernel.py)
+    "megakernel": lambda target, arg, dtype=None: model_drafter(arg, target, dtype, megakernel=True),
+}
 
 
-def model_drafter(name: str, target: LoadedModel, dtype: str | None = None) -> Drafter:
+def model_drafter(name: str, target: LoadedModel, dtype: str | None = None, megakernel: bool = False) -> Drafter:
     """A separate draft model; refused unless it shares the target's vocabulary."""
     try:
-        draft = load_model(name, device=str(target.model.device), dtype=dtype)
+        draft = load_model(name, device=str(target.model.device), dtype=dtype, megakernel=megakernel)
+    except UnsupportedHereError:
+        raise  # a known model that cannot run as asked: saying it is unknown would mislead
     except ModelLoadError as exc:
         known = ", ".join(sorted(NAMED) + [p + ":..." for p in sorted(PREFIXED)])
         raise ModelLoadError(f"unknown draft {name!r}: it is none of {known}, and {exc}") from None

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from specdec.errors import ModelLoadError, VocabularyMismatchError
+from specdec.errors import ModelLoadError, UnsupportedHereError, VocabularyMismatchError
 from specdec.models import default as default_model
 from specdec.models.base import CausalLM
 from specdec.models.hf import HFCausalLM
@@ -84,12 +84,14 @@ def _check_hub_id(name: str) -> None:
 BACKENDS = ("auto", "native", "hf")
 
 
-def load_model(name: str, device: str | None = None, dtype: str | None = None, backend: str = "auto") -> LoadedModel:
+def load_model(name: str, device: str | None = None, dtype: str | None = None, backend: str = "auto",
+               megakernel: bool = False) -> LoadedModel:
     """Load a target or draft: `default`, a hub id (from the local cache), a directory or a .gguf file.
 
     backend: `native` (the fast Llama-family model), `hf` (any transformers model) or `auto`
     (native for supported Llama-family architectures, hf otherwise). On a CPU native needs fp32 and
     oneDNN (its prepacked matrices are what make it faster there); auto falls back to hf without them.
+    megakernel: a draft's single-token steps as one CUDA kernel (native backend, Hopper, bf16).
     """
     if backend not in BACKENDS:
         raise ModelLoadError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
@@ -105,11 +107,12 @@ def load_model(name: str, device: str | None = None, dtype: str | None = None, b
             "model directory, a .gguf file, or a hub id that is already in the local cache."
         ) from None
     display = default_model.DISPLAY_NAME if name == DEFAULT else name
-    return LoadedModel(wrap_backend(hf.to(dev), display, backend), tokenizer, display)
+    return LoadedModel(wrap_backend(hf.to(dev), display, backend, megakernel), tokenizer, display)
 
 
-def wrap_backend(hf, name: str, backend: str = "auto") -> CausalLM:
-    """The native backend for supported Llama-family models (unless `hf` is asked for), else HFCausalLM."""
+def wrap_backend(hf, name: str, backend: str = "auto", megakernel: bool = False) -> CausalLM:
+    """The native backend for supported Llama-family models (unless `hf` is asked for), else HFCausalLM;
+    with megakernel, the native backend whose single-token steps run as models/megakernel.py."""
     from specdec.models.llama_config import unsupported_reason
     from specdec.models.llama_net import packs_on_cpu
 
@@ -117,13 +120,21 @@ def wrap_backend(hf, name: str, backend: str = "auto") -> CausalLM:
     if backend == "auto":
         fast_here = hf.device.type == "cuda" or packs_on_cpu(hf.dtype)
         backend = "native" if fast_here and not reason else "hf"
+    if megakernel and backend == "hf":
+        raise UnsupportedHereError(f"the megakernel runs specdec's native Llama-family model, and {name!r} runs on "
+                             f"transformers here ({reason or 'the hf backend'}); drop megakernel: from the draft")
     if backend == "hf":
         return HFCausalLM(hf, name)
     if reason:
         raise ModelLoadError(f"--backend native cannot run {name!r}: {reason}; use --backend hf or auto")
     from specdec.models.native_llama import NativeLlama
 
-    return NativeLlama.from_hf(hf, name)  # a cache of min(4096, the model's context) tokens
+    try:
+        return NativeLlama.from_hf(hf, name, megakernel=megakernel)  # a cache of min(4096, the model's context)
+    except ValueError as exc:  # what the megakernel cannot run here (no Hopper GPU, bf16, shape)
+        if not megakernel:
+            raise
+        raise UnsupportedHereError(f"draft {name!r}: {exc}; drop megakernel: from the draft") from None
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
