@@ -4,8 +4,8 @@ The fused Triton path runs a step as six kernels a layer; on an H200 the 1B shap
 then stream at 35-59% of the copy ceiling, because every kernel fills and drains the memory pipe
 (docs/gpu.md, "Why c stays at 0.23"). The megakernel keeps one block on every SM for the whole step.
 With all its options (megakernel.cu's header) a layer has three grid barriers instead of five, and
-on an H200 its 1B-shape step is 0.83-0.85 ms as graph replays against 0.93-0.94 for the Triton
-kernels side by side (benchmarks/gpu_megakernel.py), and 0.871 against 0.950 ms in `specdec bench
+on an H200 its 1B-shape step is 0.837 ms as graph replays against 0.934 for the Triton kernels
+side by side (benchmarks/gpu_megakernel.py), and 0.871 against 0.950 ms in `specdec bench
 gpu --draft-megakernel`, where it runs after minutes of load (docs/gpu.md, "A CUDA megakernel").
 
 Its logits are not bit-equal to the Triton kernels' (another reduction order), so it is for draft
@@ -268,11 +268,11 @@ class MegakernelStep:
         prefetch_bytes = 16 * defines["PRE"] * (THREADS // 32) * defines["U"] * 32
         shared = 4 * (xs + 2 * RED + 32 + 2 * hd + ACT_MAX) + max(4 * att, prefetch_bytes)
         defines = tuple(sorted(defines.items()))
-        self.times = torch.zeros(self._grid(device) * TIMES if timing else 1, dtype=torch.int64, device=device)
+        self.times = torch.zeros(grid * TIMES if timing else 1, dtype=torch.int64, device=device)
         cubin = _compile(defines, torch.cuda.get_device_capability(device))
         torch.cuda.init()
         self.kernel = _Kernel(cubin, shared)
-        self.grid = self._grid(device)
+        self.grid = grid
         self._params: dict[tuple[int, int], _Params] = {}
 
     @staticmethod
