@@ -28,6 +28,10 @@ for _option in mk.OPTIONS:
     _on += (_option,)
     VARIANTS.append((f"+ {_option}", dict(options=_on)))
 TIMED: list = [VARIANTS[0], VARIANTS[-1]]  # (and the fastest, if another)
+# the default with one size changed: merge rounds of 8 chunks (two rounds at 512 positions), and
+# attention items of 128 positions (5 chunks to merge at 512, where 64 makes 9)
+VARIANTS += [("default, merge rounds of 8", dict(extra={"MG": 8})),
+             ("default, 128-position items", dict(extra={"ATT_T": 128}))]
 
 
 def graph_ms(graph: _StepGraph, net, pos: int, reps: int) -> float:

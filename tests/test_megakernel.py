@@ -63,6 +63,34 @@ def test_fused_down_projection_says_which_shapes_it_takes():
     assert reason and "gate/up features" in reason
 
 
+def test_head_options_say_which_shapes_they_take():
+    assert mk.unsupported_options(named_arch("llama-3.2-1b"), 132) == {}
+    assert mk.unsupported_options(named_arch("llama-3.1-8b"), 132) == {}
+    refused = mk.head_options_unsupported(named_arch("llama-3.2-1b", head_dim=96))  # 12 lanes a row
+    assert set(refused) == {"REGATT", "WIDE"} and "96" in refused["REGATT"]
+    refused = mk.head_options_unsupported(named_arch("llama-3.2-1b", n_kv_heads=2))  # 16 query heads a KV head
+    assert set(refused) == {"REGATT"} and "16" in refused["REGATT"]
+
+
+@pytest.mark.parametrize("overrides", [{"head_dim": 64, "n_heads": 32, "n_kv_heads": 4},  # TinyLlama's heads
+                                       {"n_kv_heads": 2},                                # REGATT refused
+                                       {"head_dim": 256, "n_heads": 8, "n_kv_heads": 2}])
+def test_kernel_compiles_with_the_options_each_head_shape_takes(overrides):
+    _nvrtc_or_skip()
+    arch = named_arch("llama-3.2-1b", **overrides)
+    options = tuple(o for o in mk.OPTIONS if o not in mk.unsupported_options(arch, 132))
+    assert mk._compile(tuple(sorted(mk.macros(arch, options=options).items())), (9, 0))[:4] == b"\x7fELF"
+
+
+def test_narrower_merge_rounds_compile():
+    """MegakernelStep narrows WIDE's merge rounds where the widest would spill registers."""
+    _nvrtc_or_skip()
+    arch = named_arch("llama-3.2-1b")
+    for chunks in mk.MERGE_ROUNDS:
+        defines = {**mk.macros(arch), "MG": chunks}
+        assert mk._compile(tuple(sorted(defines.items())), (9, 0))[:4] == b"\x7fELF", chunks
+
+
 def test_timing_build_compiles():
     _nvrtc_or_skip()
     cubin = mk._compile(tuple(sorted(mk.macros(named_arch("llama-3.2-1b"), timing=True).items())), (9, 0))

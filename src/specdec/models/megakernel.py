@@ -32,6 +32,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("megakernel.cu")
 THREADS = 512
+MERGE_ROUNDS = (16, 8, 4)  # WIDE: chunks merged per round of loads, widest first (the first that does not spill)
 LOADS_IN_FLIGHT = (4, 2, 1)  # 16-byte weight loads per lane in a GEMV unit (two units in flight): the first that fits
 TIMES, MARKS = 15 * 64 + 2, 10 * 64  # as in megakernel.cu
 RED, ATT_T, ACT_MAX = 4096, 64, 256  # as in megakernel.cu
@@ -42,7 +43,7 @@ _LAYER_FIELDS = ("wqkv", "bqkv", "wo", "bo", "attn_norm", "ffn_norm", "w13", "w2
 # (release/acquire barriers), MERGE (every block merges the attention partials), EARLY (the next GEMV's
 # first unit loaded during a barrier), PART16 (bf16 partials), ROT (blocks start shared loads and
 # atomics at different rows). benchmarks/gpu_megakernel.py times them against each other.
-OPTIONS = ("FLOW", "FUSED", "LIGHT", "MERGE", "EARLY", "PART16", "ROT")
+OPTIONS = ("FLOW", "FUSED", "LIGHT", "MERGE", "EARLY", "PART16", "ROT", "REGATT", "WIDE")
 
 
 class _Params(ctypes.Structure):
@@ -162,6 +163,30 @@ def fused_unsupported(arch, grid: int) -> str | None:
     return None
 
 
+def head_options_unsupported(arch) -> dict[str, str]:
+    """REGATT and WIDE (megakernel.cu's header) lay a head's values 8 to a lane: which of them this
+    head shape cannot take, and why (the kernel then runs without them)."""
+    lanes, g = arch.head_dim // 8, arch.n_heads // arch.n_kv_heads
+    out = {}
+    if lanes & (lanes - 1) or lanes > 32 or ATT_T % (THREADS // lanes) or g > 8:
+        out["REGATT"] = (f"REGATT needs head dim 64, 128 or 256 and at most 8 query heads a KV head "
+                         f"(head dim {arch.head_dim}, {g})")
+    values = 8 if arch.n_heads * arch.head_dim // THREADS >= 8 else 4  # megakernel.cu's WV
+    share = arch.head_dim // values
+    if arch.head_dim % values or share & (share - 1) or share > 32 or (arch.n_heads * share) % 32:
+        out["WIDE"] = (f"WIDE needs a head dim that splits into 1-32 lanes (a power of two) of {values} values "
+                       f"and heads x lanes a multiple of 32 ({arch.n_heads} x {arch.head_dim})")
+    return out
+
+
+def unsupported_options(arch, grid: int) -> dict[str, str]:
+    """The options this shape cannot take on `grid` blocks, each with its reason."""
+    out = head_options_unsupported(arch)
+    if fused_unsupported(arch, grid):
+        out["FUSED"] = fused_unsupported(arch, grid)
+    return out
+
+
 @functools.cache
 def _compile(defines: tuple[tuple[str, int], ...], capability: tuple[int, int]) -> bytes:
     """The kernel's machine code (cubin) for these sizes and this GPU."""
@@ -233,10 +258,12 @@ class MegakernelStep:
         if reason:
             raise ValueError(reason)
         grid = self._grid(device)
-        if options is None:  # all of them, less FUSED where the shape does not allow it
-            options = tuple(o for o in OPTIONS if o != "FUSED" or not fused_unsupported(arch, grid))
-        if "FUSED" in options and fused_unsupported(arch, grid):
-            raise ValueError(fused_unsupported(arch, grid))
+        refused = unsupported_options(arch, grid)
+        if options is None:  # all of them, less those the shape does not allow
+            options = tuple(o for o in OPTIONS if o not in refused)
+        for option in options:
+            if option in refused:
+                raise ValueError(refused[option])
         self.net, self.arch = net, arch
         # FUSED streams W2 transposed ([FF][D]: a block's features are one contiguous range)
         self.w2t = [block.w2.weight.t().contiguous() for block in net.layers] if "FUSED" in options else []
@@ -267,11 +294,20 @@ class MegakernelStep:
         att = g * hd + att_t * (hd + 1) + att_t * hd + g * att_t + 2 * g + 4 + 3 * g * self.max_chunks + g
         prefetch_bytes = 16 * defines["PRE"] * (THREADS // 32) * defines["U"] * 32
         shared = 4 * (xs + 2 * RED + 32 + 2 * hd + ACT_MAX) + max(4 * att, prefetch_bytes)
-        defines = tuple(sorted(defines.items()))
         self.times = torch.zeros(grid * TIMES if timing else 1, dtype=torch.int64, device=device)
-        cubin = _compile(defines, torch.cuda.get_device_capability(device))
         torch.cuda.init()
-        self.kernel = _Kernel(cubin, shared)
+        capability = torch.cuda.get_device_capability(device)
+        self.kernel = _Kernel(_compile(tuple(sorted(defines.items())), capability), shared)
+        # WIDE: the widest merge round (chunks a round, MG) that does not spill registers; 16 chunks fit
+        # the 1B shape's kernel, the 8B shape's spills with 16 and fits with 8 (ptxas, sm_90)
+        values = 8 if h * hd // THREADS >= 8 else 4  # megakernel.cu's WV and MG: min(16, lanes a head)
+        narrower = [n for n in MERGE_ROUNDS if n < min(16, hd // values)]
+        for chunks in narrower if "WIDE" in options and "MG" not in (extra or {}) else ():
+            if self.kernel.attribute(3) == 0:
+                break
+            defines["MG"] = chunks
+            self.kernel = _Kernel(_compile(tuple(sorted(defines.items())), capability), shared)
+        self.defines = defines
         self.grid = grid
         self._params: dict[tuple[int, int], _Params] = {}
 
