@@ -2,7 +2,8 @@
 against the graphed 8B-shape target step (all in one process, graph replays timed with CUDA events).
 
 Builds the kernel with its options (megakernel.cu's header) added one by one, from five barriers a
-layer to all of them (the default). For each: logits against Triton steps at the same positions
+layer to all of them (the default), then the default with merge rounds of 8 chunks and with attention
+items of 128 positions. For each: logits against Triton steps at the same positions
 (relative L2, argmax), the cache rows it writes, a greedy chain of 32 tokens through each, that no
 grid barrier timed out and that nothing was written past the attention partials. Then the phases of
 TIMING builds (in-kernel %globaltimer stamps) of the first and the last.

@@ -66,15 +66,16 @@ def test_fused_down_projection_says_which_shapes_it_takes():
 def test_head_options_say_which_shapes_they_take():
     assert mk.unsupported_options(named_arch("llama-3.2-1b"), 132) == {}
     assert mk.unsupported_options(named_arch("llama-3.1-8b"), 132) == {}
-    refused = mk.head_options_unsupported(named_arch("llama-3.2-1b", head_dim=96))  # 12 lanes a row
-    assert set(refused) == {"REGATT", "WIDE"} and "96" in refused["REGATT"]
-    refused = mk.head_options_unsupported(named_arch("llama-3.2-1b", n_kv_heads=2))  # 16 query heads a KV head
-    assert set(refused) == {"REGATT"} and "16" in refused["REGATT"]
+    refused = mk.head_options_unsupported(named_arch("llama-3.2-1b", head_dim=96))  # 24 lanes of 4 a head
+    assert set(refused) == {"WIDE"} and "96" in refused["WIDE"]
+    refused = mk.head_options_unsupported(named_arch("smollm2-135m"))  # 9 heads of 16 lanes: not whole warps
+    assert set(refused) == {"WIDE"} and "9 x 64" in refused["WIDE"]
 
 
 @pytest.mark.parametrize("overrides", [{"head_dim": 64, "n_heads": 32, "n_kv_heads": 4},  # TinyLlama's heads
-                                       {"n_kv_heads": 2},                                # REGATT refused
-                                       {"head_dim": 256, "n_heads": 8, "n_kv_heads": 2}])
+                                       {"n_kv_heads": 2},  # 16 query heads a KV head
+                                       {"head_dim": 256, "n_heads": 8, "n_kv_heads": 2},
+                                       {"head_dim": 96}])   # WIDE refused
 def test_kernel_compiles_with_the_options_each_head_shape_takes(overrides):
     _nvrtc_or_skip()
     arch = named_arch("llama-3.2-1b", **overrides)

@@ -31,13 +31,11 @@
 //          that every block loads to merge them.
 //   ROT    blocks start their merge loads and their atomic adds at different rows, so that 132 blocks
 //          do not all ask the same L2 lines at once.
-//   REGATT an attention item keeps its K and V rows in the registers they were loaded into (8 values a
-//          lane) and q as bf16 in registers: scores are 8 products and a shuffle sum, P.V sums its rows
-//          by shuffles and one shared-memory pass. Without it the item copies K, V and q into shared
-//          memory as fp32 and loops over them there, which is bound by shared-memory bandwidth.
 //   WIDE   (with PART16) a merging thread takes 4 or 8 values of one head (one load a chunk) and up to
 //          16 chunks a round; the lanes of a head load one chunk's (max, sum) each and share them by
 //          shuffles. One round of loads up to 16 chunks (1024 positions), where MERGE takes one per 8.
+//   NORMW  each RMSNorm's weights are loaded into registers during the barrier before it (ahead of the
+//          next GEMV's first unit), so that after the barrier a norm waits only for its x.
 //
 // With PRE > 0, each warp's first PRE units of the next GEMV are bulk-copied (TMA) into shared
 // memory between a barrier's arrival and its wait. On an H200 that made the step slower (1.09 ms
@@ -86,11 +84,11 @@ typedef unsigned long long u64;
 #ifndef ROT
 #define ROT 0
 #endif
-#ifndef REGATT
-#define REGATT 0
-#endif
 #ifndef WIDE
 #define WIDE 0
+#endif
+#ifndef NORMW
+#define NORMW 0
 #endif
 static_assert(!PART16 || MERGE, "PART16 is a layout of MERGE's partials");
 static_assert(!WIDE || PART16, "WIDE merges PART16's partials");
@@ -104,16 +102,11 @@ static_assert(!WIDE || PART16, "WIDE merges PART16's partials");
 #endif
 #define MERGE_UNROLL 8           // partial-merge loads in flight per output value
 #define ATT_FLOATS (G * HD + ATT_T * (HD + 1) + ATT_T * HD + G * ATT_T + 2 * G + 4)
-#define TPR (HD / 8)             // REGATT, WIDE: lanes that hold one cache row or one head's values, 8 each
-#define RP (NT / TPR)            // REGATT: cache rows the block holds per pass
 #define WV (H * HD / NT >= 8 ? 8 : 4)  // WIDE: values of one head a merging thread takes (8 or 4 bf16: one load a chunk)
 #define LPH (HD / WV)            // WIDE: lanes that share one head
 #ifndef MG
 #define MG (LPH < 16 ? LPH : 16) // WIDE: chunks merged per round of loads
 #endif
-#define PV_AT ((G * ATT_T + 2 * G + 4 + 3) / 4 * 4)  // REGATT: where the per-warp P.V sums start (16-byte aligned)
-static_assert(!REGATT || (TPR <= 32 && (TPR & (TPR - 1)) == 0 && ATT_T % RP == 0 && G <= 8 &&
-                          PV_AT + NW * G * HD <= ATT_FLOATS), "REGATT does not take this head shape");
 static_assert(!WIDE || ((LPH & (LPH - 1)) == 0 && LPH <= 32 && MG <= LPH && (H * HD / WV) % 32 == 0),
               "WIDE does not take this head shape");
 
@@ -421,20 +414,33 @@ __device__ void gemv(const bf16* __restrict__ W, const float* xs, int n, Map map
 // xs[i] = bf16(g[i] * bf16(x[i] * rstd)) for the D values of x (fp32 buffer or a bf16 row; with `add`,
 // x = bf16(src + bf16(add)), the residual add of a FUSED down projection). All loads are issued
 // before the first use: one memory latency, not D / NT of them.
-__device__ void load_normed(float* xs, const float* src, const bf16* src_b, const float* add, const bf16* g,
-                            float eps, float* scratch) {
-  constexpr int PER = (D + NT - 1) / NT;
+#define NORM_PER ((D + NT - 1) / NT)
+struct NormWeights { float w[NORM_PER]; };  // NORMW: a thread's norm weights, loaded before they are needed
+
+__device__ __forceinline__ void norm_weights(NormWeights& nw, const bf16* g) {
+#if NORMW
+#pragma unroll
+  for (int t = 0; t < NORM_PER; ++t) {
+    const int i = threadIdx.x + t * NT;
+    nw.w[t] = i < D ? b2f(g[i]) : 0.f;
+  }
+#endif
+}
+
+__device__ __forceinline__ void load_normed(float* xs, const float* src, const bf16* src_b, const float* add,
+                                            const bf16* g, float eps, float* scratch, const NormWeights& nw) {
+  constexpr int PER = NORM_PER;
   float v[PER], w[PER], a[PER];
 #pragma unroll
   for (int t = 0; t < PER; ++t) {
     const int i = threadIdx.x + t * NT;
     v[t] = 0.f;
-    w[t] = 0.f;
+    w[t] = NORMW ? nw.w[t] : 0.f;
     a[t] = 0.f;
     if (i < D) {
       v[t] = src ? ldcg(src + i) : b2f(src_b[i]);
       if (add) a[t] = ldcg(add + i);
-      w[t] = b2f(g[i]);
+      if (!NORMW) w[t] = b2f(g[i]);
     }
   }
   if (add) {
@@ -568,13 +574,8 @@ __device__ void phase_qkv(const Params& p, const Layer& L, const float* xs, cons
         b = b2;
       }
       if (hs < H) {
-#if REGATT  // bf16 (the values are bf16-rounded already): an attention lane loads its 8 in one piece
-        ((bf16*)p.q)[hs * HD + j] = f2b(a);
-        ((bf16*)p.q)[hs * HD + j + HALF] = f2b(b);
-#else
         p.q[hs * HD + j] = a;
         p.q[hs * HD + j + HALF] = b;
-#endif
       } else {
         const int kvh = hs < H + HKV ? hs - H : hs - H - HKV;
         bf16* cache = hs < H + HKV ? L.k_cache : L.v_cache;
@@ -645,130 +646,6 @@ __device__ void merge_head(const Params& p, int kvh, int nch, float* sm) {
   __syncthreads();
 }
 
-// REGATT: one attention item (KV head kvh, cache positions [base, base + ATT_T)) with its rows in
-// registers. Lane group of TPR lanes = one cache row, 8 values a lane: row r0 + t RP of pass t. The
-// scores: each lane's 8 products for each query head, summed over the row's lanes by shuffles. The
-// softmax as the shared-memory path has it. P.V: each lane sums p * v over its rows for its 8 columns,
-// then over the warp's rows by shuffles, then over the warps in one shared-memory pass.
-__device__ void attention_item_regs(const Params& p, const Layer& L, int pos, int kvh, int ch, float* sm,
-                                    u64 flow_target) {
-  constexpr int KP = ATT_T / RP;
-  float* ps = sm;                        // [G][ATT_T]
-  float* stat = ps + G * ATT_T;          // [G][2]
-  float* pv = sm + PV_AT;                // [NW][G][2][TPR][4]: a warp's column sums
-  const float scale_log2 = 1.4426950408889634f * rsqrtf((float)HD);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int cc = threadIdx.x % TPR, r0 = threadIdx.x / TPR, base = ch * ATT_T;
-  const U4 zero = {0u, 0u, 0u, 0u};
-  U4 kv[KP], vv[KP], qv[G];
-#pragma unroll
-  for (int t = 0; t < KP; ++t) {
-    const int r = r0 + t * RP;
-    kv[t] = zero;
-    vv[t] = zero;
-    if (base + r < pos + (FLOW ? 0 : 1)) {
-      const u64 at = ((u64)kvh * p.slots + base + r) * HD + cc * 8;
-      kv[t] = ldcg4(L.k_cache + at);
-      vv[t] = ldcg4(L.v_cache + at);
-    }
-  }
-#if FLOW
-  if (threadIdx.x == 0) spin_until(p, p.sync + 2 + kvh, flow_target);
-  __syncthreads();
-#pragma unroll
-  for (int t = 0; t < KP; ++t) {
-    const int r = r0 + t * RP;
-    if (base + r == pos) {
-      const u64 at = ((u64)kvh * p.slots + base + r) * HD + cc * 8;
-      kv[t] = ldcg4(L.k_cache + at);
-      vv[t] = ldcg4(L.v_cache + at);
-    }
-  }
-#endif
-  const bf16* q16 = (const bf16*)p.q + (u64)kvh * G * HD + cc * 8;
-#pragma unroll
-  for (int g = 0; g < G; ++g) qv[g] = ldcg4(q16 + g * HD);
-#pragma unroll
-  for (int t = 0; t < KP; ++t) {
-    const int r = r0 + t * RP;
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const U4 k = kv[t], q = qv[g];
-      float s = lo(k.x) * lo(q.x);
-      s = fmaf(hi(k.x), hi(q.x), s); s = fmaf(lo(k.y), lo(q.y), s); s = fmaf(hi(k.y), hi(q.y), s);
-      s = fmaf(lo(k.z), lo(q.z), s); s = fmaf(hi(k.z), hi(q.z), s); s = fmaf(lo(k.w), lo(q.w), s);
-      s = fmaf(hi(k.w), hi(q.w), s);
-#pragma unroll
-      for (int o = TPR / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (cc == 0) ps[g * ATT_T + r] = base + r <= pos ? s * scale_log2 : NEG_INF;
-    }
-  }
-  __syncthreads();
-  for (int g = warp; g < G; g += NW) {
-    float m = NEG_INF;
-    for (int r = lane; r < ATT_T; r += 32) m = fmaxf(m, ps[g * ATT_T + r]);
-    m = warp_max(m);
-    float l = 0.f;
-    for (int r = lane; r < ATT_T; r += 32) {
-      const float e = exp2f(ps[g * ATT_T + r] - m);
-      ps[g * ATT_T + r] = e;
-      l += e;
-    }
-    l = warp_sum(l);
-    if (lane == 0) { stat[2 * g] = m; stat[2 * g + 1] = l; }
-  }
-  __syncthreads();
-  float o[G][8];
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[g][e] = 0.f;
-#pragma unroll
-  for (int t = 0; t < KP; ++t) {  // rows past pos have weight 0 (and zero values)
-    const U4 v = vv[t];
-    const float ve[8] = {lo(v.x), hi(v.x), lo(v.y), hi(v.y), lo(v.z), hi(v.z), lo(v.w), hi(v.w)};
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float w = ps[g * ATT_T + r0 + t * RP];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[g][e] = fmaf(w, ve[e], o[g][e]);
-    }
-  }
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-#pragma unroll
-      for (int x = TPR; x < 32; x <<= 1) o[g][e] += __shfl_xor_sync(0xffffffffu, o[g][e], x);
-  if (lane < TPR) {
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      float* at = pv + (warp * G + g) * HD + cc * 4;
-      *(F4*)at = F4{o[g][0], o[g][1], o[g][2], o[g][3]};
-      *(F4*)(at + 4 * TPR) = F4{o[g][4], o[g][5], o[g][6], o[g][7]};
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < G * HD; i += NT) {  // i: an index of a warp's sums, [G][2][TPR][4]
-    const int g = i / HD, rem = i % HD, d = (rem % (4 * TPR)) / 4 * 8 + rem / (4 * TPR) * 4 + rem % 4;
-    float a = 0.f;
-#pragma unroll
-    for (int w = 0; w < NW; ++w) a += pv[w * G * HD + i];
-    const u64 slot = (u64)(kvh * G + g) * p.max_chunks + ch;  // acc [H][chunks][HD], then (max, sum) [H][chunks][2]
-#if PART16
-    ((bf16*)p.part)[slot * HD + d] = f2b(a / stat[2 * g + 1]);
-#else
-    p.part[slot * HD + d] = a;
-#endif
-    if (d == 0) {
-      float* st = p.part + (u64)H * p.max_chunks * HD + slot * 2;
-      st[0] = stat[2 * g];
-      st[1] = stat[2 * g + 1];
-    }
-  }
-  __syncthreads();
-}
-
 // One work item = one KV head over ATT_T cache positions, for its G query heads: its online-softmax
 // partial (acc, max, sum) goes to p.part; the KV head's last item merges them (merge_head).
 // FLOW: an item first loads the cache rows older than `pos` (written by earlier steps), then waits
@@ -787,9 +664,6 @@ __device__ void phase_attention(const Params& p, const Layer& L, int pos, float*
   constexpr int QPER = (G * HD + NT - 1) / NT, KPER = (VEC + NT - 1) / NT;
   for (int item = blockIdx.x; item < HKV * nch; item += gridDim.x) {
     const int kvh = item / nch, ch = item % nch, base = ch * ATT_T;
-#if REGATT
-    attention_item_regs(p, L, pos, kvh, ch, sm, flow_target);
-#else
     // Issue every load before the first use: one memory latency, not three.
     float qv[QPER];
     U4 kv[KPER], vv[KPER];
@@ -887,7 +761,6 @@ __device__ void phase_attention(const Params& p, const Layer& L, int pos, float*
       }
     }
     __syncthreads();
-#endif
 #if !MERGE
     if (threadIdx.x == 0) {  // the last of this head's items to finish merges them
       __threadfence();
@@ -1071,6 +944,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
   const int v0 = split(p.vocab, b, B), v1 = split(p.vocab, b + 1, B);  // LM head rows
   constexpr int PAIRS = (H + 2 * HKV) * HALF;
   const int q0 = split(PAIRS, b, B), q1 = split(PAIRS, b + 1, B);
+  NormWeights nw;
+  norm_weights(nw, p.layers[0].attn_norm);
   gemv_begin<D>(pre, p.layers[0].wqkv, 2 * (q1 - q0), QkvMap{q0});
   gemv_early<D>(pre, p.layers[0].wqkv, 2 * (q1 - q0), QkvMap{q0});
 
@@ -1081,7 +956,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
     float* acc_now = p.acc + (l & 1) * D;
     const float* acc_before = head || !FUSED ? nullptr : p.acc + ((l + 1) & 1) * D;
     // A: norm, q/k/v, RoPE, cache
-    load_normed(xs, head ? nullptr : p.resid, emb, acc_before, L.attn_norm, p.eps, scratch);
+    load_normed(xs, head ? nullptr : p.resid, emb, acc_before, L.attn_norm, p.eps, scratch, nw);
     mark(p, 5 * l);
     phase_qkv(p, L, xs, rope, pos, red, outs, pre);
     mark(p, 5 * l + 1);
@@ -1124,11 +999,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
     });
     ++barrier;
     arrive(p, 5 * l + 2);
+    norm_weights(nw, L.ffn_norm);
     gemv_begin<D>(pre, L.w13, 2 * (f1 - f0), PairMap{f0});
     gemv_early<D>(pre, L.w13, 2 * (f1 - f0), PairMap{f0});
     wait(p, barrier * nb, 5 * l + 2);
     // D: norm, gate/up, SwiGLU
-    load_normed(xs, p.resid, nullptr, nullptr, L.ffn_norm, p.eps, scratch);
+    load_normed(xs, p.resid, nullptr, nullptr, L.ffn_norm, p.eps, scratch, nw);
     mark(p, 5 * l + 3);
     gemv<D>(L.w13, xs, 2 * (f1 - f0), PairMap{f0}, red, outs, pre, [&](int b0, int rows, const float* o) {
       for (int i = threadIdx.x; i < rows / 2; i += NT) {
@@ -1161,6 +1037,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
 #endif
     ++barrier;
     arrive(p, 5 * l + 4);
+    norm_weights(nw, l + 1 < p.n_layers ? p.layers[l + 1].attn_norm : p.final_norm);
     if (l + 1 < p.n_layers) {
       gemv_begin<D>(pre, p.layers[l + 1].wqkv, 2 * (q1 - q0), QkvMap{q0});
       gemv_early<D>(pre, p.layers[l + 1].wqkv, 2 * (q1 - q0), QkvMap{q0});
@@ -1173,7 +1050,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
   // The final norm and the LM head.
   if (b == 0 && threadIdx.x == 0) atomicAdd(p.sync + 1, 1ull);  // every block has read the launch count
   load_normed(xs, p.resid, nullptr, FUSED ? p.acc + ((p.n_layers + 1) & 1) * D : nullptr, p.final_norm, p.eps,
-              scratch);
+              scratch, nw);
   if (b == 0)
     for (int i = threadIdx.x; i < D; i += NT) p.hidden[i] = f2b(xs[i]);
   gemv<D>(p.lm_head, xs, v1 - v0, RangeMap{v0}, red, outs, pre, [&](int b0, int rows, const float* o) {

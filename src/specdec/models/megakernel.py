@@ -4,10 +4,9 @@ The fused Triton path runs a step as six kernels a layer; on an H200 the 1B shap
 then stream at 35-59% of the copy ceiling, because every kernel fills and drains the memory pipe
 (docs/gpu.md, "Why c stays at 0.23"). The megakernel keeps one block on every SM for the whole step.
 With all its options (megakernel.cu's header) a layer has three grid barriers instead of five, and
-on an H200 its 1B-shape step is 0.837 ms as graph replays against 0.934 for the Triton kernels
-side by side (benchmarks/gpu_megakernel.py), and 0.871 against 0.950 ms in `specdec bench
-gpu --draft-megakernel`, where it runs after minutes of load (docs/gpu.md, "A CUDA megakernel").
-
+on an H200 its 1B-shape step is 0.793 ms as graph replays against 0.932 for the Triton kernels
+side by side (benchmarks/gpu_megakernel.py), and 0.808 against 0.942 ms in `specdec bench gpu
+--draft-megakernel`, through NativeLlama.forward (docs/gpu.md, "A CUDA megakernel").
 Its logits are not bit-equal to the Triton kernels' (another reduction order), so it is for draft
 models only: a draft's numerics never reach the output, since the target's verify pass decides
 every token. `NativeLlama(megakernel=True)` uses it for single-token steps and the engine refuses
@@ -42,8 +41,9 @@ _LAYER_FIELDS = ("wqkv", "bqkv", "wo", "bo", "attn_norm", "ffn_norm", "w13", "w2
 # between q/k/v and attention), FUSED (gate/up and a split-K down projection in one phase), LIGHT
 # (release/acquire barriers), MERGE (every block merges the attention partials), EARLY (the next GEMV's
 # first unit loaded during a barrier), PART16 (bf16 partials), ROT (blocks start shared loads and
-# atomics at different rows). benchmarks/gpu_megakernel.py times them against each other.
-OPTIONS = ("FLOW", "FUSED", "LIGHT", "MERGE", "EARLY", "PART16", "ROT", "REGATT", "WIDE")
+# atomics at different rows), WIDE (one round of merge loads, up to 16 chunks), NORMW (norm weights
+# loaded during the barrier before). benchmarks/gpu_megakernel.py times them against each other.
+OPTIONS = ("FLOW", "FUSED", "LIGHT", "MERGE", "EARLY", "PART16", "ROT", "WIDE", "NORMW")
 
 
 class _Params(ctypes.Structure):
@@ -164,19 +164,14 @@ def fused_unsupported(arch, grid: int) -> str | None:
 
 
 def head_options_unsupported(arch) -> dict[str, str]:
-    """REGATT and WIDE (megakernel.cu's header) lay a head's values 8 to a lane: which of them this
-    head shape cannot take, and why (the kernel then runs without them)."""
-    lanes, g = arch.head_dim // 8, arch.n_heads // arch.n_kv_heads
-    out = {}
-    if lanes & (lanes - 1) or lanes > 32 or ATT_T % (THREADS // lanes) or g > 8:
-        out["REGATT"] = (f"REGATT needs head dim 64, 128 or 256 and at most 8 query heads a KV head "
-                         f"(head dim {arch.head_dim}, {g})")
+    """WIDE (megakernel.cu's header) splits a head's values into lanes of 4 or 8: whether this head
+    shape cannot take it, and why (the kernel then runs without it)."""
     values = 8 if arch.n_heads * arch.head_dim // THREADS >= 8 else 4  # megakernel.cu's WV
     share = arch.head_dim // values
     if arch.head_dim % values or share & (share - 1) or share > 32 or (arch.n_heads * share) % 32:
-        out["WIDE"] = (f"WIDE needs a head dim that splits into 1-32 lanes (a power of two) of {values} values "
-                       f"and heads x lanes a multiple of 32 ({arch.n_heads} x {arch.head_dim})")
-    return out
+        return {"WIDE": f"WIDE needs a head dim that splits into 1-32 lanes (a power of two) of {values} values "
+                        f"and heads x lanes a multiple of 32 ({arch.n_heads} x {arch.head_dim})"}
+    return {}
 
 
 def unsupported_options(arch, grid: int) -> dict[str, str]:
