@@ -32,8 +32,9 @@
 //   ROT    blocks start their merge loads and their atomic adds at different rows, so that 132 blocks
 //          do not all ask the same L2 lines at once.
 //   WIDE   (with PART16) a merging thread takes 4 or 8 values of one head (one load a chunk) and up to
-//          16 chunks a round; the lanes of a head load one chunk's (max, sum) each and share them by
-//          shuffles. One round of loads up to 16 chunks (1024 positions), where MERGE takes one per 8.
+//          16 chunks a round; the lanes of a head load one chunk's (max, sum) each and share the
+//          chunks' weights by shuffles. One round of loads up to 16 chunks (1024 positions), where
+//          MERGE takes one per 8.
 //   NORMW  each RMSNorm's weights are loaded into registers during the barrier before it (ahead of the
 //          next GEMV's first unit), so that after the barrier a norm waits only for its x.
 //
@@ -841,9 +842,9 @@ __device__ void load_merged(const Params& p, float* xs, int nch) {
 }
 
 // WIDE: load_merged with a thread on WV consecutive values of one head (one 8- or 16-byte load a
-// chunk) and MG chunks a round. The LPH lanes of a head load one chunk's (max, sum) each and pass
-// them round by shuffles, so that a round is 1 + MG loads a lane: one round at 512 positions (9 chunks)
-// where load_merged takes two.
+// chunk) and MG chunks a round. The LPH lanes of a head load one chunk's (max, sum) each; the round's
+// max, its weight sum and each chunk's weight go between them by shuffles, so that a round is 1 + MG
+// loads a lane: one round at 512 positions (9 chunks) where load_merged takes two.
 __device__ __forceinline__ void load_values(unsigned* w, const bf16* at) {
 #if WV == 8
   const U4 v = ldcg4(at);

@@ -163,10 +163,15 @@ def fused_unsupported(arch, grid: int) -> str | None:
     return None
 
 
+def merge_values(arch) -> int:
+    """WIDE: values of one head a merging thread takes (megakernel.cu's WV); head_dim / it lanes share a head."""
+    return 8 if arch.n_heads * arch.head_dim // THREADS >= 8 else 4
+
+
 def head_options_unsupported(arch) -> dict[str, str]:
     """WIDE (megakernel.cu's header) splits a head's values into lanes of 4 or 8: whether this head
     shape cannot take it, and why (the kernel then runs without it)."""
-    values = 8 if arch.n_heads * arch.head_dim // THREADS >= 8 else 4  # megakernel.cu's WV
+    values = merge_values(arch)
     share = arch.head_dim // values
     if arch.head_dim % values or share & (share - 1) or share > 32 or (arch.n_heads * share) % 32:
         return {"WIDE": f"WIDE needs a head dim that splits into 1-32 lanes (a power of two) of {values} values "
@@ -177,8 +182,9 @@ def head_options_unsupported(arch) -> dict[str, str]:
 def unsupported_options(arch, grid: int) -> dict[str, str]:
     """The options this shape cannot take on `grid` blocks, each with its reason."""
     out = head_options_unsupported(arch)
-    if fused_unsupported(arch, grid):
-        out["FUSED"] = fused_unsupported(arch, grid)
+    fused = fused_unsupported(arch, grid)
+    if fused:
+        out["FUSED"] = fused
     return out
 
 
@@ -295,8 +301,7 @@ class MegakernelStep:
         self.kernel = _Kernel(_compile(tuple(sorted(defines.items())), capability), shared)
         # WIDE: the widest merge round (chunks a round, MG) that does not spill registers; 16 chunks fit
         # the 1B shape's kernel, the 8B shape's spills with 16 and fits with 8 (ptxas, sm_90)
-        values = 8 if h * hd // THREADS >= 8 else 4  # megakernel.cu's WV and MG: min(16, lanes a head)
-        narrower = [n for n in MERGE_ROUNDS if n < min(16, hd // values)]
+        narrower = [n for n in MERGE_ROUNDS if n < min(16, hd // merge_values(arch))]  # the kernel's MG: min(16, lanes)
         for chunks in narrower if "WIDE" in options and "MG" not in (extra or {}) else ():
             if self.kernel.attribute(3) == 0:
                 break

@@ -211,13 +211,13 @@ class NativeLlama(CausalLM):
             compiled = self._step_fn is not None if self._compile == "step" else self.net.layer_fn is not layer_step
             if self._compile and self.device.type == "cuda" and not compiled and not self.fused_kernels:
                 self._try_compile(rows)
-            # The choice is bound into this model's step, so models sharing one net keep their own.
-            step_fn = functools.partial(self._step_fn or self.net.forward_static, fused=self.fused_kernels,
-                                        capture=layers)
             if self.megakernel and rows == 1 and not layers:
                 from specdec.models.megakernel import MegakernelStep
 
                 step_fn = MegakernelStep(self.net)
+            else:  # the choice is bound into this model's step, so models sharing one net keep their own
+                step_fn = functools.partial(self._step_fn or self.net.forward_static, fused=self.fused_kernels,
+                                            capture=layers)
             self._graphs[rows, layers] = _StepGraph(self.net, rows, step_fn)
         return self._graphs[rows, layers]
 
