@@ -94,10 +94,11 @@ def sampled_outcome(
     u = torch.rand(k, generator=generator, device=p.device)
     kept = u * q_d < p_d  # [K]
     num_accepted = kept.long().cumprod(0).sum()
-    # Row n of the fix-up table: the residual at a rejection, or p itself for the bonus (q = 0 there).
+    # The fix-up row: the residual at the first rejection, or p itself for the bonus (q = 0 there).
+    # Only that row is reduced, one [V] row whatever K, as ragged_outcome does for each sequence.
     q_padded = torch.cat([q, torch.zeros_like(p[:1])])  # [K+1, V]
-    fixup = residual(p, q_padded)
-    return num_accepted, sample(pick(fixup, num_accepted), generator)
+    fixup = residual(pick(p, num_accepted), pick(q_padded, num_accepted))  # [V]
+    return num_accepted, sample(fixup, generator)
 
 
 def verify_greedy(target_tokens: torch.Tensor, draft_tokens: torch.Tensor) -> Verdict:
