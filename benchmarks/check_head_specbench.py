@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from train_head_gpu import check_on_specbench  # benchmarks/train_head_gpu.py, beside this script
 
-from train_head_gpu import check_on_specbench  # noqa: E402
-
-from specdec.drafters.head import DraftHead  # noqa: E402
-from specdec.models.loader import load_model  # noqa: E402
-from specdec.train.trainer import TrainConfig  # noqa: E402
+from specdec.drafters.head import DraftHead
+from specdec.models.loader import load_model
+from specdec.train.trainer import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> int:

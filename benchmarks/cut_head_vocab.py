@@ -11,13 +11,10 @@ shipped before it (commit 607b096), because on the 2-core CPU each draft step re
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 from safetensors import safe_open
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from specdec.drafters.head import DraftHead  # noqa: E402
+from specdec.drafters.head import DraftHead
 
 
 def main(src: str, ref: str, out: str) -> None:

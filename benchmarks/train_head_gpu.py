@@ -20,6 +20,7 @@ With `--check-per-category N` it then measures, on the target's greedy answers t
 Spec-Bench questions of each category (the test set: measured only, after training, never trained
 on), how much of the answers the sub-vocabulary covers and the teacher-forced greedy agreement per
 draft step, for the new head and for `--compare-head`.
+specdec must be importable (`pip install --no-deps -e .`, or PYTHONPATH=src from the repository root);
 benchmarks/train_head_gpu.sh is the wrapper that ran it on the sandbox's GPU machine.
 """
 
@@ -34,15 +35,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+import torch
 
-import torch  # noqa: E402
-
-from specdec.drafters.head import config_for_target, parse_feature_layers, target_parts  # noqa: E402
-from specdec.models.loader import load_model  # noqa: E402
-from specdec.train.data import DataConfig, build_dataset  # noqa: E402
-from specdec.train.pipeline import train_draft  # noqa: E402
-from specdec.train.trainer import TrainConfig, fit, load_examples  # noqa: E402
+from specdec.drafters.head import config_for_target, parse_feature_layers, target_parts
+from specdec.models.loader import load_model
+from specdec.train.data import DataConfig, build_dataset
+from specdec.train.pipeline import train_draft
+from specdec.train.trainer import TrainConfig, fit, load_examples
 
 
 def main() -> int:

@@ -5,7 +5,7 @@
 # weights and no `gguf` package, one call carries at most 64 MiB and runs at most 10 minutes, and
 # files there live only while the machine stays warm between calls. So the 98 MB GGUF of the
 # embedded target travels in two halves in two back-to-back calls. Anywhere else, run directly:
-#   python benchmarks/train_head_gpu.py --target default --out head.safetensors --data-dir data
+#   pip install --no-deps -e . && python benchmarks/train_head_gpu.py --target default --out head.safetensors --data-dir data
 #
 # Here, once (repo root; .gl/ is ignored):
 #   split -n 2 -d "$(python -c 'from specdec.models.default import gguf_path; print(gguf_path())')" .gl/part_
@@ -15,16 +15,10 @@
 # Call 2 (carry .gl/part_b), right after call 1:  bash benchmarks/train_head_gpu.sh train [driver options]
 # A third call on the still-warm machine finds the GGUF and the data there: with `--data-only` in call 2
 # and `--gen-seconds 0` in call 3, one call makes the data and the next trains on it for all of its time.
-# The shipped head (docs/draft-head.md): call 2 `train --data-only --prompts 3072 --source-texts 2048
-#   --followups 2048 --question-lists 1024 --gen-seconds 470 --draft-vocab 16384 --max-len 1024
-#   --feature-layers 2,15,27`, call 3 the same with `--gen-seconds 0 --prompts 2560 --budget 500
-#   --check-per-category 10 --compare-head src/specdec/data/heads/smollm2-135m-head.safetensors`
-#   (its check did not run: the call's limit came first; it was run afterwards on a CPU).
-# A schedule longer than one call: call 3 `train --gen-seconds 0 ... --steps N` is cut at TRAIN_SECONDS
-#   and exports its last checkpoint; call 4, the same options plus --resume, finishes the schedule.
-# The two-stage run of docs/draft-head.md (not shipped) passed: --draft-vocab 16384 --source-texts 1024
-#   --followups 1536 --max-len 1024 --gen-seconds 230 --budget 470 --check-per-category 10
-#   --compare-head src/specdec/data/heads/smollm2-135m-head.safetensors
+# The shipped head (docs/draft-head.md): call 2 `train --data-only --prompts 8192 --source-texts 3072
+#   --followups 3072 --question-lists 2048 --gen-seconds 470 --draft-vocab 16384 --max-len 1024
+#   --feature-layers 2,15,27`; call 3 `TRAIN_SECONDS=540 ... train --gen-seconds 0 (the same data options)
+#   --steps 10000`, cut at TRAIN_SECONDS, which exports its last checkpoint; call 4 the same plus --resume.
 set -uo pipefail
 KEEP=/root/keep
 GGUF=$KEEP/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -36,7 +30,8 @@ train)
   [ -f $GGUF ] || cat $KEEP/part_a .gl/part_b > $GGUF
   echo "$SHA  $GGUF" | sha256sum -c || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $KEEP/whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  # specdec from this checkout (the repository root), gguf from the carried wheel
+  export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   # The layers an earlier call's A/B (--ab-steps) chose, unless the options name them.
   WINNER=()
   if [ -f $KEEP/data/winner.txt ] && [[ " $* " != *" --head-layers "* ]]; then
@@ -51,7 +46,6 @@ train)
   # Cut short: export the last checkpoint's head (trained with a learning rate not yet decayed).
   python3 - "$KEEP/head.safetensors.ckpt" "$OUT/head_ckpt.safetensors" <<'PY'
 import sys, torch
-sys.path.insert(0, "src")
 from specdec.drafters.head import DraftHead, HeadConfig
 state = torch.load(sys.argv[1], weights_only=False, map_location="cpu")
 head = DraftHead(HeadConfig(**state["head_config"]), state["head"]["vocab_ids"])
