@@ -5,7 +5,7 @@
 The GPU is kept busy (torch.cuda._sleep, ~20 ms queued) and the host times each way of sending 3
 ids. A way that waits for the queue takes about as long as the queued work; one that does not takes
 microseconds. Ways: torch.tensor(ids, device=cuda) (waits), pinned memory + non_blocking (what
-specdec did before), pageable memory + non_blocking (specdec.clock.token_tensor itself).
+specdec did before), pageable memory + non_blocking (specdec.transfers.token_tensor itself).
 """
 
 import statistics
@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from specdec.clock import token_tensor  # noqa: E402
+from specdec.transfers import token_tensor  # noqa: E402
 
 WAYS = {
     "torch.tensor(device=cuda)": lambda ids: torch.tensor(ids, dtype=torch.long, device="cuda"),

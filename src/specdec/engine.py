@@ -14,7 +14,8 @@ from typing import Iterator
 
 import torch
 
-from specdec.clock import PhaseClock, TokenReader, token_tensor
+from specdec.clock import PhaseClock
+from specdec.transfers import TokenReader, token_tensor
 from specdec.drafters.base import Drafter, empty_draft
 from specdec.errors import InvalidRequestError
 from specdec.models.base import CausalLM

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.clock import pick
+from specdec.transfers import pick
 from specdec.sampling import sample
 
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.clock import pick, token_tensor
+from specdec.transfers import pick, token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.errors import ModelLoadError
 from specdec.models.base import check_feature_layers
