@@ -67,11 +67,37 @@ def test_calc_marks_best_k(capsys):
     (["generate", "--target", "/no/such/model", "hi"], "model path not found"),
     (["generate", "--target", "not-a-model.gguf", "hi"], "GGUF file not found"),
     (["calc", "--alpha", "1.5", "--c", "0.1"], "alpha must be in [0, 1]"),
+    (["generate", "--top-p", "0", "hi"], "top_p must be in (0, 1]"),
+    (["generate", "--temperature", "-1", "hi"], "temperature must be >= 0"),
 ])
 def test_bad_input_is_one_clear_line(capsys, args, message):
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_an_internal_value_error_keeps_its_traceback(monkeypatch):
+    """Only specdec's own input errors (SpecdecError) become one line: a bug elsewhere is not hidden."""
+    from specdec.commands import calc
+
+    def broken(args):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(calc, "run", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["calc", "--alpha", "0.5", "--c", "0.1"])
+
+
+def test_a_specdec_error_from_a_command_is_one_line(capsys, monkeypatch):
+    from specdec.commands import calc
+    from specdec.errors import DraftSpecError
+
+    def refused(args):
+        raise DraftSpecError("the head's MIN_CONF must be in [0, 1)")
+
+    monkeypatch.setattr(calc, "run", refused)
+    assert main(["calc", "--alpha", "0.5", "--c", "0.1"]) == 2
+    assert capsys.readouterr().err == "specdec: error: the head's MIN_CONF must be in [0, 1)\n"
 
 
 def test_tokenizer_mismatch_is_refused(capsys, tiny_dirs):

@@ -102,3 +102,13 @@ def test_breaking_the_stream_stops_early(tiny_target):
             break
     gen.close()
     assert len(gen.token_ids) == 4 and gen.finish_reason is None
+
+
+def test_a_target_whose_verify_rows_differ_from_its_steps_is_refused(tiny_target, monkeypatch):
+    """The engine asks the CausalLM interface, not the backend's internals, and says why in one line."""
+    from specdec.errors import SpecdecError
+
+    assert tiny_target.verify_rows_match_steps  # the interface's default
+    monkeypatch.setattr(type(tiny_target), "verify_rows_match_steps", property(lambda self: False))
+    with pytest.raises(SpecdecError, match="cannot be a target"):
+        Engine(tiny_target, NoDrafter(torch.device("cpu")))

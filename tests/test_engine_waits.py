@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specdec import clock as clock_module
-from specdec.clock import PhaseClock, TokenReader, token_tensor
+from specdec.clock import PhaseClock
+from specdec.transfers import TokenReader, token_tensor
 from specdec.drafters import LookupDrafter, ModelDrafter, NoDrafter
 from specdec.engine import Engine, GenerationConfig, SpecStats
 from specdec.sampling import SamplingParams

@@ -7,7 +7,7 @@ from specdec.drafters import LookupDrafter, make_drafter
 from specdec.drafters.combined import LookupThenHead
 from specdec.drafters.head import DraftHead, HeadDrafter, config_for_target, target_parts
 from specdec.engine import Engine, GenerationConfig, Origin
-from specdec.errors import ModelLoadError
+from specdec.errors import DraftSpecError, ModelLoadError
 from specdec.models.loader import LoadedModel
 from specdec.sampling import SamplingParams
 from specdec.train.trainer import TrainConfig, collate, fit, sub_vocab_index, unrolled_features
@@ -267,11 +267,11 @@ def test_min_confidence_suffix_parsing(tmp_path):
     from specdec.drafters.combined import split_confidence
 
     assert split_confidence("heads/h.safetensors:0.3") == ("heads/h.safetensors", 0.3)
-    assert split_confidence("heads/h.safetensors") == ("heads/h.safetensors", 0.0)
+    assert split_confidence("heads/h.safetensors") == ("heads/h.safetensors", None)  # None: the head's policy says
     odd = tmp_path / "epoch:3"
     odd.write_text("")
-    assert split_confidence(str(odd)) == (str(odd), 0.0)  # an existing file is a path, colon and all
-    with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
+    assert split_confidence(str(odd)) == (str(odd), None)  # an existing file is a path, colon and all
+    with pytest.raises(DraftSpecError, match=r"must be in \[0, 1\)"):
         split_confidence("heads/h.safetensors:1.5")
 
 
@@ -318,3 +318,82 @@ def test_a_head_round_reads_the_device_once(tiny_target, head_path, count_reads,
     gen = engine.generate(PROMPTS[0], GenerationConfig(max_new_tokens=20, k=3, sampling=params))
     assert gen.stats.drafted > gen.stats.rounds  # rounds of several drafts
     assert count_reads() - before == gen.stats.rounds
+
+
+def _copy_with_card(path, tmp_path, name: str, **card) -> str:
+    """A copy of the head at `path` whose file records `card` (HeadCard fields)."""
+    import shutil
+
+    from specdec.drafters.head import write_head_card
+    from specdec.drafters.head_policy import HeadCard, HeadPolicy
+
+    out = tmp_path / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, out)
+    write_head_card(out, HeadCard(card.get("target"), card.get("policy", HeadPolicy())))
+    return str(out)
+
+
+def test_the_policy_in_the_head_file_drives_lookup_plus_head(tiny_target, head_path, tmp_path):
+    from specdec.drafters.head import read_head_card
+    from specdec.drafters.head_policy import HeadPolicy
+
+    policy = HeadPolicy(min_confidence=0.0, greedy_head_max={"dear-rows": 1}, sampled_head_max={"dear-rows": 3},
+                        lookup_when_sampling=False)
+    path = _copy_with_card(head_path, tmp_path, "policy.safetensors", policy=policy)
+    assert read_head_card(path).policy == policy  # the card survives the file
+    loaded = LoadedModel(tiny_target, tokenizer=None, name="tiny")
+    drafter = make_drafter(f"lookup+head:{path}", loaded)  # fp32 on a CPU: verify rows are dear
+    assert drafter.head_max == 1 and drafter.sampled == (False, 3)
+    torch.testing.assert_close(drafter.head.head.fc.weight, DraftHead.load(head_path).fc.weight)  # same weights
+
+
+def test_a_min_confidence_in_the_policy_is_the_default_and_a_spec_overrides_it(tiny_target, head_path, tmp_path):
+    from specdec.drafters.head_policy import HeadPolicy
+
+    path = _copy_with_card(head_path, tmp_path, "confident.safetensors", policy=HeadPolicy(min_confidence=0.2))
+    loaded = LoadedModel(tiny_target, tokenizer=None, name="tiny")
+    drafter = make_drafter(f"lookup+head:{path}", loaded)
+    assert drafter.head.min_confidence == 0.2 and drafter.head_max is None  # confidence ends rounds instead
+    assert make_drafter(f"head:{path}:0.5", loaded).min_confidence == 0.5
+
+
+def test_head_policy_round_trips_and_rejects_unknown_row_costs():
+    from specdec.drafters.head_policy import HeadPolicy
+
+    policy = HeadPolicy(greedy_head_max={"dear-rows": 2, "cuda": 5}, sampled_head_max={"cpu": 3},
+                        lookup_when_sampling=False, note="why")
+    assert HeadPolicy.from_json(policy.to_json()) == policy
+    with pytest.raises(ValueError, match="keyed by"):
+        HeadPolicy(greedy_head_max={"gpu": 2})
+
+
+def test_target_identity_survives_a_dtype_and_tells_models_apart(tiny_target):
+    from specdec.drafters.head import target_identity
+    from specdec.drafters.head_policy import TargetIdentity
+
+    identity = target_identity(tiny_target)
+    embed = target_parts(tiny_target).embed
+    assert identity.matches(TargetIdentity.of(embed.to(torch.bfloat16), identity.num_layers))
+    assert TargetIdentity.from_json(identity.to_json()) == identity
+    other = tiny_llama(7, layers=2, scale=8.0)  # the same sizes, other weights
+    assert not identity.matches(target_identity(other))
+    assert not identity.matches(TargetIdentity.of(embed, identity.num_layers + 1))
+
+
+def test_auto_picks_the_shipped_head_whose_file_records_this_target(tiny_target, head_path, tmp_path, monkeypatch):
+    from specdec.drafters import combined
+    from specdec.drafters.head import target_identity
+    from specdec.drafters.head_policy import HeadPolicy
+
+    other = target_identity(tiny_llama(7, layers=2, scale=8.0))
+    _copy_with_card(head_path, tmp_path / "heads", "a-other.safetensors", target=other)
+    mine = _copy_with_card(head_path, tmp_path / "heads", "b-mine.safetensors", target=target_identity(tiny_target),
+                           policy=HeadPolicy(lookup_when_sampling=False, sampled_head_max={"dear-rows": 1}))
+    _copy_with_card(head_path, tmp_path / "heads", "c-unrecorded.safetensors")
+    monkeypatch.setattr(combined, "HEADS_DIR", tmp_path / "heads")
+    loaded = LoadedModel(tiny_target, tokenizer=None, name="any display name")
+    auto = make_drafter("auto", loaded)
+    assert isinstance(auto, LookupThenHead) and auto.name == "lookup+head"
+    assert auto.head.name == f"head:{mine}" and auto.head_max == 2 and auto.sampled == (False, 1)
+    assert isinstance(make_drafter("auto", LoadedModel(tiny_llama(7, layers=1), None, "x")), LookupDrafter)

@@ -4,13 +4,14 @@ import pytest
 import torch
 
 from specdec.drafters import NoDrafter, make_drafter
-from specdec.drafters.combined import LookupThenHead, default_head_path
+from specdec.drafters.combined import LookupThenHead, shipped_head_for, shipped_heads
 from specdec.engine import GenerationConfig
+from specdec.models.loader import LoadedModel
 from specdec.models.llama_net import packs_on_cpu
 from specdec.runtime import build_runtime
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(default_head_path() is None, reason="no shipped head in this checkout")]
+              pytest.mark.skipif(not shipped_heads(), reason="no shipped head in this checkout")]
 
 PROMPTS = ["What is the capital of France?", "Write a short poem about the sea."]
 
@@ -24,10 +25,16 @@ def test_auto_is_lookup_plus_shipped_head(runtime):
     assert isinstance(runtime.drafter, LookupThenHead)
 
 
+def test_auto_finds_the_head_by_what_the_target_is_not_its_name(runtime):
+    renamed = LoadedModel(runtime.target.model, runtime.target.tokenizer, name="my own name for it")
+    assert shipped_head_for(renamed) is not None
+    assert isinstance(make_drafter("auto", renamed), LookupThenHead)
+
+
 @pytest.mark.parametrize("draft", ["head", "lookup+head"])
 def test_greedy_identity_with_shipped_head(runtime, draft):
     plain = runtime.with_drafter(NoDrafter(torch.device("cpu")))
-    spec = runtime.with_drafter(make_drafter(f"{draft}:{default_head_path()}", runtime.target))
+    spec = runtime.with_drafter(make_drafter(f"{draft}:{shipped_head_for(runtime.target)}", runtime.target))
     config = GenerationConfig(max_new_tokens=24, k=4)
     for prompt in PROMPTS:
         ids = runtime.encode(prompt)

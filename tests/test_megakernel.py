@@ -15,6 +15,7 @@ import torch
 
 from specdec.drafters.none import NoDrafter
 from specdec.engine import Engine
+from specdec.errors import UnsupportedHereError
 from specdec.models import megakernel as mk
 from specdec.models.llama_config import named_arch
 from specdec.models.native_llama import NativeLlama
@@ -139,5 +140,6 @@ def test_engine_refuses_a_megakernel_target():
                                arch_overrides={"n_layers": 1, "dim": 256, "intermediate": 512, "vocab_size": 512,
                                                "n_heads": 4, "n_kv_heads": 2})
     model.megakernel = True  # as a model built with megakernel=True on a GPU
-    with pytest.raises(ValueError, match="draft models only"):
+    assert not model.verify_rows_match_steps
+    with pytest.raises(UnsupportedHereError, match="cannot be a target.*as a draft only"):
         Engine(model, NoDrafter(model.device))

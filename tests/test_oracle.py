@@ -41,10 +41,11 @@ def test_sampled_q_is_what_it_draws_from(tiny_target):
     assert draft.q[torch.arange(4), recorded].tolist() == pytest.approx([0.7] * 4)
 
 
-def test_registered_as_prefixed_drafter():
-    from specdec.drafters import PREFIXED
+def test_in_the_registry_as_a_prefixed_kind():
+    from specdec.drafters.registry import find_kind
 
-    assert "oracle" in PREFIXED
+    kind, arg = find_kind("oracle:0.7:some-model")
+    assert kind.syntax == "oracle:ALPHA[:DRAFT]" and arg == "0.7:some-model"
 
 
 def test_choices_drawn_once_per_generation(tiny_target):

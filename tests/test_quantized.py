@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from specdec.drafters import NAMED, make_drafter
+from specdec.drafters import DRAFT_KINDS, make_drafter
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.quantized import DynamicInt8Linear, Int4Linear, Int8Linear
 from specdec.engine import Engine, GenerationConfig
@@ -40,7 +40,7 @@ def test_dynamic_int8_is_close_to_fp32(linear):
 
 
 def test_self_drafts_are_registered():
-    assert {"self-int8", "self-int4", "self-bf16", "self-int8-dynamic"} <= set(NAMED)
+    assert {"self-int8", "self-int4", "self-bf16", "self-int8-dynamic"} <= {kind.syntax for kind in DRAFT_KINDS}
 
 
 @pytest.mark.parametrize("spec", ["self-int8", "self-int4", "self-bf16", "self-int8-dynamic", "self-int4-dequant"])

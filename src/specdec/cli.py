@@ -1,6 +1,7 @@
 """`specdec` command line: one subcommand a module, each with `register(subparsers)`.
 
-Errors a user can fix (SpecdecError, bad values) print one line and exit 2: no traceback.
+Errors a user can fix (SpecdecError and its subclasses) print one line and exit 2: no traceback.
+Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
-    except (SpecdecError, ValueError) as exc:
+    except SpecdecError as exc:
         print(f"specdec: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -14,9 +14,10 @@ from typing import Iterator
 
 import torch
 
-from specdec.clock import PhaseClock, TokenReader, token_tensor
+from specdec.clock import PhaseClock
+from specdec.transfers import TokenReader, token_tensor
 from specdec.drafters.base import Drafter, empty_draft
-from specdec.errors import InvalidRequestError
+from specdec.errors import InvalidRequestError, UnsupportedHereError
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingParams, warp_logits
 from specdec.verify import Verdict, greedy_outcome, read_round, sampled_outcome
@@ -152,9 +153,9 @@ class Engine:
         """eos_token_ids: ids that end generation. decode: list[int] -> str, needed for stop strings.
         overlap: with a drafter that drafts nothing, queue each plain step before reading the token of
         the one before (default: on CUDA, where the GPU then stays busy while the host checks it)."""
-        if getattr(target, "megakernel", False):
-            raise ValueError("the target runs its single-token steps through the megakernel, whose logits differ "
-                             "from its verify passes' in the last bits: use megakernel=True for draft models only")
+        if not target.verify_rows_match_steps:
+            raise UnsupportedHereError(f"{target.name!r} cannot be a target: its single-token steps give other "
+                                       "logits than its verify passes (e.g. the megakernel); use it as a draft only")
         self.target = target
         self.drafter = drafter
         self.eos_token_ids = frozenset(eos_token_ids)

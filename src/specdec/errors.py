@@ -18,4 +18,8 @@ class VocabularyMismatchError(SpecdecError):
 
 
 class InvalidRequestError(SpecdecError, ValueError):
-    """A generation request with values out of range (empty prompt, K < 1, ...)."""
+    """A request or flag with values out of range (empty prompt, K < 1, top_p 0, ...)."""
+
+
+class DraftSpecError(InvalidRequestError):
+    """A draft spec (--draft, a request's `draft`) with a malformed argument (MIN_CONF, ALPHA, ...)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.drafters import Drafter, make_drafter
+from specdec.drafters import DEFAULT_DRAFT, Drafter, make_drafter
 from specdec.engine import Engine
 from specdec.errors import InvalidRequestError
 from specdec.models.loader import LoadedModel, load_model
@@ -54,7 +54,7 @@ def engine_for(target: LoadedModel, drafter: Drafter) -> Engine:
     return Engine(target.model, drafter, eos_token_ids=eos_ids(target), decode=decode)
 
 
-def build_runtime(target: str = "default", draft: str = "lookup", device: str | None = None,
+def build_runtime(target: str = "default", draft: str = DEFAULT_DRAFT, device: str | None = None,
                   dtype: str | None = None, draft_dtype: str | None = None, backend: str = "auto") -> Runtime:
     loaded = load_model(target, device=device, dtype=dtype, backend=backend)
     drafter = make_drafter(draft, loaded, dtype=draft_dtype or dtype)

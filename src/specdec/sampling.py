@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.errors import InvalidRequestError
+
 
 GREEDY_BELOW = 1e-5  # temperatures under this mean greedy (as vLLM does)
 
@@ -28,13 +30,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+            raise InvalidRequestError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if not (0.0 <= self.min_p < 1.0):
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+            raise InvalidRequestError(f"min_p must be in [0, 1), got {self.min_p}")
 
     @property
     def greedy(self) -> bool:

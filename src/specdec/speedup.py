@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.errors import InvalidRequestError
+
 
 def expected_tokens_per_round(alpha: float, k: int) -> float:
     """tau: mean tokens emitted per round."""
@@ -23,7 +25,7 @@ def expected_tokens_per_round(alpha: float, k: int) -> float:
 def expected_speedup(alpha: float, k: int, c: float, verify_cost: float = 1.0) -> float:
     """Speedup over plain decoding: tau / (K*c + verify_cost)."""
     if c < 0:
-        raise ValueError(f"c (draft step / target step) must be >= 0, got {c}")
+        raise InvalidRequestError(f"c (draft step / target step) must be >= 0, got {c}")
     return expected_tokens_per_round(alpha, k) / (k * c + verify_cost)
 
 
@@ -49,6 +51,6 @@ def best_k(alpha: float, c: float, k_max: int = 16) -> KChoice:
 
 def _check(alpha: float, k: int) -> None:
     if not (0.0 <= alpha <= 1.0):
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        raise InvalidRequestError(f"alpha must be in [0, 1], got {alpha}")
     if k < 1:
-        raise ValueError(f"K must be >= 1, got {k}")
+        raise InvalidRequestError(f"K must be >= 1, got {k}")

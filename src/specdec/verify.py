@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.clock import pick
 from specdec.sampling import SamplingParams, sample
+from specdec.transfers import pick
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from specdec.commands import add_k_flag, positive_int
+from specdec.errors import InvalidRequestError
 
 DEFAULT_PROMPT = "Tell me a short story about a dragon and a knight."
 
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.bench.common import load_target, runtime_pair
 
     if args.inject_fault is not None and args.inject_fault not in faults.FAULTS:
-        raise ValueError(f"unknown fault {args.inject_fault!r}; known: {', '.join(faults.FAULTS)}")
+        raise InvalidRequestError(f"unknown fault {args.inject_fault!r}; known: {', '.join(faults.FAULTS)}")
     with faults.inject(args.inject_fault):
         target = load_target(args)
         plain, spec = runtime_pair(target, args.draft)

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.bench.cli import add_output_flags
+from specdec.errors import InvalidRequestError
 
 SPEC_COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
 PERCENTILES = (50, 90, 99)
@@ -237,7 +238,7 @@ async def _server_info(client, model: str | None) -> tuple[str, dict]:
         cards = []
     card = next((c for c in cards if model in (None, c.get("id"))), {})
     if model is None and not card:
-        raise ValueError("--model not given and /v1/models lists none; pass --model NAME")
+        raise InvalidRequestError("--model not given and /v1/models lists none; pass --model NAME")
     return model or card["id"], card.get("specdec") or {}
 
 
@@ -263,9 +264,9 @@ def _levels(text: str) -> list[int]:
     try:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--concurrency: expected numbers like 1,4,16, got {text!r}") from None
+        raise InvalidRequestError(f"--concurrency: expected numbers like 1,4,16, got {text!r}") from None
     if not levels or min(levels) < 1:
-        raise ValueError(f"--concurrency: levels must be >= 1, got {text!r}")
+        raise InvalidRequestError(f"--concurrency: levels must be >= 1, got {text!r}")
     return levels
 
 
@@ -274,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.bench.scoreboard import machine_name, save_json
 
     if args.n < 1 or args.max_tokens < 1:
-        raise ValueError("--n and --max-tokens must be >= 1")
+        raise InvalidRequestError("--n and --max-tokens must be >= 1")
     levels = _levels(args.concurrency)
     prompts = read_prompts(args.prompts)
     result = asyncio.run(bench(args, prompts, levels))

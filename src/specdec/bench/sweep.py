@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from specdec.bench.common import add_bench_flags, parse_ints
+from specdec.errors import InvalidRequestError
 
 
 def register(sub) -> None:
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
     temperatures = [float(t) for t in args.temperatures.split(",") if t.strip()]
     if args.max_new_tokens < 2 or args.num_prompts < 1 or not temperatures:
-        raise ValueError("--max-new-tokens must be >= 2, --num-prompts >= 1, and give at least one temperature")
+        raise InvalidRequestError("--max-new-tokens must be >= 2, --num-prompts >= 1, and give at least one temperature")
     target = load_target(args)
     plain, spec = runtime_pair(target, args.draft)
     prompts = [plain.encode(p) for p in read_prompts(args.prompts)[: args.num_prompts]]

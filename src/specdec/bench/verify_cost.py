@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from specdec.bench.common import add_bench_flags, parse_ints
+from specdec.errors import InvalidRequestError
 
 FILLER = ("Speculative decoding lets a small draft model propose several tokens that a large target model "
           "checks in a single forward pass, keeping the output exactly as the target would produce it. ")
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.bench.scoreboard import ScoreRow
 
     if args.prompt_tokens < 1 or args.trials < 1:
-        raise ValueError("--prompt-tokens and --trials must be >= 1")
+        raise InvalidRequestError("--prompt-tokens and --trials must be >= 1")
     target = load_target(args)
     prompt = prompt_tokens(target.tokenizer, args.prompt_tokens)
     ns = sorted(set(args.n))

@@ -15,16 +15,14 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_model_flags(parser: argparse.ArgumentParser, draft_default: str = "lookup") -> None:
+def add_model_flags(parser: argparse.ArgumentParser, draft_default: str | None = None) -> None:
+    """--target, --draft (default: DEFAULT_DRAFT, the same for generate and serve), --device, --dtype, --backend."""
+    from specdec.drafters.registry import DEFAULT_DRAFT, draft_help
+
     parser.add_argument("--target", default="default",
                         help="target model: `default` (embedded SmolLM2-135M), a hub id, a directory or a .gguf")
-    parser.add_argument("--draft", default=draft_default,
-                        help="draft: `auto` (lookup+head with the shipped head for the embedded target, else "
-                             "lookup), `lookup`, `none`, `self-int8`/`self-int4`/`self-bf16` (a quantized copy of "
-                             "the target), `head:PATH[:MIN_CONF]`, `lookup+head:PATH[:MIN_CONF]` (MIN_CONF: end a round "
-                             "when the head's confidence drops below it), `oracle:ALPHA[:DRAFT]` (engine "
-                             "benchmarks), a model of the same tokenizer, or `megakernel:MODEL` (that model's "
-                             "single-token steps as one CUDA kernel: Hopper GPUs, bf16) (default: %(default)s)")
+    parser.add_argument("--draft", default=draft_default or DEFAULT_DRAFT,
+                        help=f"draft: {draft_help()} (default: %(default)s)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: bf16 on cuda, fp32 on cpu; bf16 on a "
                         "CPU with bf16 units makes verify passes of up to 8 tokens cost little more than one step)")

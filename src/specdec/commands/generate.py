@@ -15,7 +15,7 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text with speculative decoding",
                        description="Generate from PROMPT (or stdin) with a draft and the target, exactly.")
     p.add_argument("prompt", nargs="?", help="the prompt text; read from stdin when omitted")
-    add_model_flags(p, draft_default="auto")  # auto: the shipped head, else lookup
+    add_model_flags(p)
     add_sampling_flags(p)
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")

@@ -34,11 +34,12 @@ def register(sub) -> None:
 
 def build_state(args: argparse.Namespace):
     from specdec.drafters import make_drafter
+    from specdec.errors import InvalidRequestError
     from specdec.runtime import build_runtime
     from specdec.server.app import ServerConfig, ServerState
 
     if args.max_queue < 0:
-        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+        raise InvalidRequestError(f"--max-queue must be >= 0, got {args.max_queue}")
     runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype,
                             backend=getattr(args, "backend", "auto"))
     runtimes = {args.draft: runtime}

@@ -5,15 +5,22 @@ head wins on open text. A match of the last token alone is weak: on Spec-Bench a
 embedded model its first drafted token was kept 22% of the time (2 tokens: 45%, 3 tokens: 78%),
 below the head's ~45%, so the head drafts then. Whichever drafts a round, the head keeps reading
 the target's features, so it is ready for the next round.
+
+How many tokens the head drafts a round, and whether lookup drafts when sampling, is the head's own
+policy, recorded in its file (head_policy.py); `auto` picks the shipped head whose file records
+this target.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from specdec.drafters.base import Draft, Drafter
-from specdec.drafters.head import HeadDrafter
+from specdec.drafters.head import HeadDrafter, load_head_drafter, read_head_card, target_identity
 from specdec.drafters.lookup import LookupDrafter
+from specdec.errors import DraftSpecError, ModelLoadError
 from specdec.sampling import SamplingParams
 
 
@@ -50,93 +57,63 @@ class LookupThenHead(Drafter):
         return self.head.propose(context, min(k, head_max or k), params, generator)
 
 
-# On a CPU every drafted row makes the verify pass dearer (a 3-row pass ~1.13 target steps, 5 rows
-# ~1.33) and the shipped head's drafts are kept less than half the time: on Spec-Bench it paid best
-# at K=2 (1.34x for lookup+head against 1.18x at K=4, docs/draft-head.md). Lookup keeps the full K.
-# Re-checked after one-token steps got faster (CpuMatrix): head <= 2 1.37x, head <= 1 1.34x.
-CPU_HEAD_MAX = 2
+# --- the drafters that `head:PATH[:MIN_CONF]`, `lookup+head:PATH[:MIN_CONF]` and `auto` name (registry.py) ---
+
+HEADS_DIR = Path(__file__).resolve().parent.parent / "data" / "heads"
 
 
-def _head_max(target, min_confidence: float) -> int | None:
-    """Where verify rows are dear (fp32 on a CPU) the head drafts at most CPU_HEAD_MAX a round,
-    unless its confidence decides."""
-    return CPU_HEAD_MAX if not target.model.cheap_verify_rows and min_confidence == 0.0 else None
+def shipped_heads() -> list[Path]:
+    """The heads shipped inside the package (data/heads/*.safetensors)."""
+    return sorted(HEADS_DIR.glob("*.safetensors"))
 
 
-# --- registration: `head:PATH[:MIN_CONF]`, `lookup+head:PATH[:MIN_CONF]`, and `auto` (the shipped head
-# for the embedded target) ---
+def shipped_head_for(target) -> Path | None:
+    """The shipped head whose card records this target (a LoadedModel), else None."""
+    try:
+        identity = target_identity(target.model)
+    except ModelLoadError:  # not a Llama-like target: no head reads it
+        return None
+    for path in shipped_heads():
+        made_for = read_head_card(path).target
+        if made_for is not None and made_for.matches(identity):
+            return path
+    return None
 
-def default_head_path():
-    """The head shipped for the embedded default target (None when the package has none)."""
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "data" / "heads" / "smollm2-135m-head.safetensors"
-    return path if path.is_file() else None
-
-
-def split_confidence(arg: str) -> tuple[str, float]:
+def split_confidence(arg: str) -> tuple[str, float | None]:
     """`PATH` or `PATH:MIN_CONFIDENCE` (a number in [0, 1): stop a round once the head's estimate
-    that all its drafts are kept falls below it) -> (path, min_confidence)."""
-    from pathlib import Path
-
+    that all its drafts are kept falls below it) -> (path, min_confidence, None when not given)."""
     path, _, tail = arg.rpartition(":")
     if not path or Path(arg).exists():  # a file whose own name ends in ":<number>" is a path
-        return arg, 0.0
+        return arg, None
     try:
         min_confidence = float(tail)
     except ValueError:
-        return arg, 0.0
+        return arg, None
     if not 0.0 <= min_confidence < 1.0:
-        raise ValueError(f"the head's MIN_CONF in {arg!r} must be in [0, 1), got {tail}")
+        raise DraftSpecError(f"the head's MIN_CONF in {arg!r} must be in [0, 1), got {tail}")
     return path, min_confidence
 
 
-def _head(target, arg: str) -> HeadDrafter:
-    from specdec.drafters.head import load_head_drafter
-
+def head_drafter(target, arg: str, name: str | None = None) -> HeadDrafter:
+    """`head:PATH[:MIN_CONF]`: the head alone, K tokens a round (or fewer, by its confidence)."""
     path, min_confidence = split_confidence(arg)
-    return load_head_drafter(path, target.model, name=f"head:{arg}", min_confidence=min_confidence)
+    return load_head_drafter(path, target.model, name=name or f"head:{arg}", min_confidence=min_confidence)
 
 
-def _combined(target, arg: str, name: str | None = None, sampled: tuple[bool, int | None] | None = None
-              ) -> LookupThenHead:
-    head = _head(target, arg)
-    return LookupThenHead(LookupDrafter(target.model.device), head, name=name,
-                          head_max=_head_max(target, head.min_confidence), sampled=sampled)
+def lookup_head_drafter(target, arg: str, name: str | None = None) -> LookupThenHead:
+    """`lookup+head:PATH[:MIN_CONF]`: lookup after a match of 2+ tokens, else the head, drafting
+    by the policy its file records (HeadPolicy) for this target."""
+    head = head_drafter(target, arg)
+    policy, model, conf = head.policy, target.model, head.min_confidence
+    sampled = (policy.lookup_when_sampling, policy.head_max(model, greedy=False, min_confidence=conf))
+    return LookupThenHead(LookupDrafter(model.device), head, name=name,
+                          head_max=policy.head_max(model, greedy=True, min_confidence=conf), sampled=sampled)
 
 
-# The embedded model sampled at T=1 keeps lookup's copied tokens rarely (0.15 of them on Spec-Bench,
-# 1.03x) and the head's first draft 0.43 of the time, its second less: on a CPU, head K=1 read 1.21x
-# where lookup+head at K=4 (head at most 2) read 1.12x (docs/draft-head.md). So `auto`, when
-# sampling, drafts with the head alone, one token a round where verify rows are dear. In bf16 on a
-# CPU with bf16 units (rows nearly free) the head at T=1 read 1.30x / 1.31x / 1.34x / 1.25x at
-# K = 1 / 2 / 3 / 4 (one run, Spec-Bench, 1 question per category): at most 3 there.
-CPU_SAMPLED_HEAD_MAX = 3
-
-
-def _sampled_head_max(target) -> int | None:
-    if not target.model.cheap_verify_rows:
-        return 1
-    return CPU_SAMPLED_HEAD_MAX if target.model.device.type == "cpu" else None
-
-
-def _auto(target) -> Drafter:
-    """lookup+head with the shipped head when the target is the embedded default, else prompt lookup."""
-    from specdec.models.default import DISPLAY_NAME
-
-    path = default_head_path()
-    if target.name == DISPLAY_NAME and path is not None:
-        sampled = (False, _sampled_head_max(target))
-        return _combined(target, str(path), name="lookup+head", sampled=sampled)
-    return LookupDrafter(target.model.device)
-
-
-def _register() -> None:
-    from specdec.drafters import NAMED, PREFIXED
-
-    PREFIXED["head"] = lambda target, arg, dtype=None: _head(target, arg)
-    PREFIXED["lookup+head"] = lambda target, arg, dtype=None: _combined(target, arg)
-    NAMED["auto"] = lambda target, dtype=None: _auto(target)
-
-
-_register()
+def auto_drafter(target) -> Drafter:
+    """`auto`: lookup+head with the shipped head made for this target, else prompt lookup."""
+    path = shipped_head_for(target)
+    if path is None:
+        return LookupDrafter(target.model.device)
+    return lookup_head_drafter(target, str(path), name="lookup+head")

@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.clock import pick, token_tensor
+from specdec.transfers import pick, token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
-from specdec.errors import ModelLoadError
+from specdec.drafters.head_policy import HeadCard, HeadPolicy, TargetIdentity, card_from_metadata, card_metadata
+from specdec.errors import InvalidRequestError, ModelLoadError
 from specdec.models.base import check_feature_layers
 from specdec.models.llama_net import CpuMatrix, can_pack, linear
 from specdec.sampling import SamplingParams, sample, warp_logits
@@ -117,9 +118,10 @@ def parse_feature_layers(spec: str, n_layers: int) -> tuple[int, ...]:
         return auto_feature_layers(n_layers)
     try:
         layers = tuple(int(part) for part in spec.split(","))
-    except ValueError:
-        raise ValueError(f"--feature-layers takes `auto`, `none` or comma-separated layer indices, not {spec!r}") from None
-    return check_feature_layers(layers, n_layers)
+        return check_feature_layers(layers, n_layers)
+    except ValueError as exc:
+        raise InvalidRequestError(f"--feature-layers takes `auto`, `none` or comma-separated layer indices in "
+                                  f"0..{n_layers - 2}, not {spec!r} ({exc})") from None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -215,16 +217,14 @@ class DraftHead(nn.Module):
                 feats = self.fuse(torch.cat([lower.flatten(-2), feats[..., -d:]], dim=-1))
         return self.fc(torch.cat([feats, embeds], dim=-1))
 
-    def save(self, path: str | Path, meta: dict | None = None) -> None:
-        """Weights in bf16 (safetensors) with the config; never the target's embeddings or LM head."""
-        from safetensors.torch import save_file
-
+    def save(self, path: str | Path, meta: dict | None = None, card: HeadCard | None = None) -> None:
+        """Weights in bf16 (safetensors) with the config, and the card (target identity, draft
+        policy; default: no target, the default policy); never the target's embeddings or LM head."""
         tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
                    for k, v in self.state_dict().items()}
         info = {"config": json.dumps(asdict(self.config)), "format": "specdec-draft-head-1",
-                "meta": json.dumps(meta or {})}
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(path), metadata=info)
+                "meta": json.dumps(meta or {}), **card_metadata(card or HeadCard(None, HeadPolicy()))}
+        _write(path, tensors, info)
 
     @classmethod
     def load(cls, path: str | Path, device: torch.device | str = "cpu") -> "DraftHead":
@@ -245,6 +245,40 @@ class DraftHead(nn.Module):
         return head.to(device).eval()
 
 
+def _write(path: str | Path, tensors: dict[str, torch.Tensor], info: dict[str, str]) -> None:
+    from safetensors.torch import save_file
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata=info)
+
+
+def read_head_card(path: str | Path) -> HeadCard:
+    """A head file's card (the target it was made for, its draft policy) without reading its weights."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(Path(path).expanduser()), framework="pt") as f:
+            return card_from_metadata(f.metadata() or {})
+    except Exception as exc:  # not safetensors, or a card that does not parse
+        raise ModelLoadError(f"{path} is not a specdec draft head with a readable card: {exc}") from None
+
+
+def write_head_card(path: str | Path, card: HeadCard) -> None:
+    """Record `card` in an existing head file; its weights and other metadata stay as they are."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        info = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    _write(path, tensors, {**info, **card_metadata(card)})
+
+
+def target_identity(model) -> TargetIdentity:
+    """The identity of a target backend (CausalLM) that a head's card records; ModelLoadError when
+    the target is not Llama-like (no head can read it)."""
+    return TargetIdentity.of(target_parts(model).embed, _num_layers(model) or 0)
+
+
 class HeadDrafter(Drafter):
     """Runs a DraftHead next to the target; reads the target's features through observe()."""
 
@@ -252,7 +286,7 @@ class HeadDrafter(Drafter):
     needs_target_features = True
 
     def __init__(self, head: DraftHead, parts: TargetParts, max_length: int = 8192, name: str | None = None,
-                 min_confidence: float = 0.0):
+                 min_confidence: float = 0.0, policy: HeadPolicy | None = None):
         c = head.config
         if parts.embed.shape != (c.vocab_size, c.hidden) or parts.lm_head.shape[0] != c.vocab_size:
             raise ModelLoadError(
@@ -266,6 +300,7 @@ class HeadDrafter(Drafter):
         if not 0.0 <= min_confidence < 1.0:
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
         self.min_confidence = min_confidence
+        self.policy = policy or HeadPolicy()  # how it drafts beside lookup (LookupThenHead reads it)
         self.device = parts.embed.device
         self.lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D] runtime copy of the drafted rows
         # On a CPU the drafted rows are held transposed, the faster single-row layout (CpuMatrix).
@@ -330,7 +365,8 @@ class HeadDrafter(Drafter):
         q, k, v = self.head.layer.project(x, cos, sin)
         end = start + m
         if end > self._k.shape[2]:
-            raise ValueError(f"the draft head's cache holds {self._k.shape[2]} positions; the text is longer")
+            raise InvalidRequestError(f"the draft head's cache holds {self._k.shape[2]} positions and the text "
+                                      "is longer: use a shorter prompt or max_new_tokens, or another draft")
         self._k[:, :, start:end], self._v[:, :, start:end] = k, v
         mask = None
         if m > 1:  # causal among the new pairs; everything cached before them is visible
@@ -354,9 +390,12 @@ class HeadDrafter(Drafter):
         return pick(self.head.vocab_ids, index), q, confidence
 
 
-def load_head_drafter(path: str, target_model, name: str | None = None, min_confidence: float = 0.0) -> HeadDrafter:
-    """A HeadDrafter for `path` on a target backend (CausalLM)."""
+def load_head_drafter(path: str, target_model, name: str | None = None,
+                      min_confidence: float | None = None) -> HeadDrafter:
+    """A HeadDrafter for `path` on a target backend (CausalLM), with the policy its file records
+    (min_confidence None: the policy's)."""
     head = DraftHead.load(path, device=target_model.device)
+    policy = read_head_card(path).policy
     layers, n_layers = head.config.feature_layers, _num_layers(target_model)
     if layers and n_layers is not None:
         try:
@@ -365,7 +404,8 @@ def load_head_drafter(path: str, target_model, name: str | None = None, min_conf
             raise ModelLoadError(f"the draft head {path} reads target layers {list(layers)}, but the target has "
                                  f"{n_layers} layers: train a head for this target") from None
     return HeadDrafter(head, target_parts(target_model), max_length=min(target_model.max_length, 1 << 15),
-                       name=name or f"head:{path}", min_confidence=min_confidence)
+                       name=name or f"head:{path}", policy=policy,
+                       min_confidence=policy.min_confidence if min_confidence is None else min_confidence)
 
 
 def _num_layers(target_model) -> int | None:

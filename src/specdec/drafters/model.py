@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.clock import token_tensor
+from specdec.transfers import token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingParams, sample, warp_logits

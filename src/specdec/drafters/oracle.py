@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.clock import token_tensor
+from specdec.transfers import token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingParams
@@ -124,26 +124,18 @@ class OracleDrafter(Drafter):
         return token_tensor(ids, self.device)
 
 
-def _factory(target, arg: str, dtype=None) -> Drafter:
+def oracle_drafter(target, arg: str, dtype=None) -> Drafter:
     """`oracle:ALPHA` or `oracle:ALPHA:DRAFT_MODEL` (the model whose cost each step pays)."""
-    from specdec.errors import ModelLoadError
+    from specdec.errors import DraftSpecError
     from specdec.models.loader import load_model
 
     alpha_text, _, model_name = arg.partition(":")
     try:
         alpha = float(alpha_text)
     except ValueError:
-        raise ModelLoadError(f"oracle needs an acceptance rate: oracle:ALPHA[:DRAFT], got oracle:{arg}") from None
+        raise DraftSpecError(f"oracle needs an acceptance rate: oracle:ALPHA[:DRAFT], got oracle:{arg}") from None
     if not 0.0 <= alpha <= 1.0:
-        raise ModelLoadError(f"oracle alpha must be in [0, 1], got {alpha}")
+        raise DraftSpecError(f"oracle alpha must be in [0, 1], got {alpha}")
     draft = load_model(model_name, device=str(target.model.device), dtype=dtype).model if model_name else None
     return OracleDrafter(target.model, alpha, draft)
 
-
-def _register() -> None:
-    from specdec.drafters import PREFIXED
-
-    PREFIXED["oracle"] = _factory
-
-
-_register()

@@ -74,7 +74,8 @@ class Int4Linear(nn.Module):
         weight = linear.weight.detach().float()  # [N, K]
         n, k = weight.shape
         if k % group:
-            raise ValueError(f"int4 needs input size divisible by {group}, got {k}")
+            raise ModelLoadError(f"an int4 self-draft needs every layer's input size divisible by {group}, and "
+                                 f"one has {k}: use self-int8 or self-bf16")
         grouped = weight.reshape(n, k // group, group)  # [N, G, 32]
         low, high = grouped.amin(-1), grouped.amax(-1)  # [N, G]
         scale = ((high - low) / 15.0).clamp(min=1e-8)
@@ -187,22 +188,7 @@ def self_copy(target, precision: str, kernel: str = "auto"):
     return draft
 
 
-def self_drafter(precision: str, kernel: str = "auto") -> Callable[..., Drafter]:
-    def factory(target, dtype=None) -> Drafter:
-        draft = self_copy(target, precision, kernel)
-        return ModelDrafter(draft, target.model.vocab_size, name=draft.name)
-
-    return factory
-
-
-def _register() -> None:
-    from specdec.drafters import NAMED
-
-    NAMED["self-bf16"] = self_drafter("bf16")
-    for precision in ("int8", "int4"):
-        NAMED[f"self-{precision}"] = self_drafter(precision)
-        NAMED[f"self-{precision}-dequant"] = self_drafter(precision, "dequant")
-    NAMED["self-int8-dynamic"] = self_drafter("int8", "dynamic")
-
-
-_register()
+def self_drafter(target, precision: str, kernel: str = "auto") -> Drafter:
+    """`self-int8`, `self-int4`, `self-bf16` and their kernel variants (registry.py): the copy as a draft."""
+    draft = self_copy(target, precision, kernel)
+    return ModelDrafter(draft, target.model.vocab_size, name=draft.name)

@@ -54,6 +54,13 @@ class CausalLM(ABC):
         drafters draft fewer tokens a round there."""
         return self.device.type != "cpu"
 
+    @property
+    def verify_rows_match_steps(self) -> bool:
+        """Whether a verify pass over n tokens gives each row the logits that n single-token steps
+        would, to the last bit. The engine needs this of a target: its plain decoding and its verify
+        passes must agree, or greedy output drifts on near-ties. A draft need not have it."""
+        return True
+
     def reset(self) -> None:
         self.rollback(0)
 

@@ -157,6 +157,11 @@ class NativeLlama(CausalLM):
         """On a CPU: with bf16 matrices prepacked (pack_for_cpu, row_exact), 1-16 rows cost about the same."""
         return self.device.type != "cpu" or self.net.row_exact
 
+    @property
+    def verify_rows_match_steps(self) -> bool:
+        """False with the megakernel: its single-token logits differ from a verify pass's in the last bits."""
+        return not self.megakernel
+
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self._len:
             raise ValueError(f"cannot roll back to {length}: the cache holds {self._len} tokens")

@@ -20,6 +20,7 @@ from specdec.bench.common import RunTotals, speedup
 from specdec.bench.specbench import QUESTIONS, load_questions
 from specdec.drafters import make_drafter
 from specdec.engine import GenerationConfig
+from specdec.errors import DraftSpecError
 from specdec.runtime import encode_prompt, engine_for
 from specdec.sampling import SamplingParams
 
@@ -30,7 +31,7 @@ def split_k(name: str, config: GenerationConfig) -> tuple[str, GenerationConfig]
     if not at:
         return name, config
     if not k.isdigit() or int(k) < 1:
-        raise ValueError(f"the K after @ in {name!r} must be a whole number >= 1")
+        raise DraftSpecError(f"the K after @ in {name!r} must be a whole number >= 1")
     return spec, replace(config, k=int(k))
 
 

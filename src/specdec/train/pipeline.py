@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.head import config_for_target, target_parts
+from specdec.drafters.head import config_for_target, target_identity, target_parts
+from specdec.drafters.head_policy import HeadCard, HeadPolicy
 from specdec.errors import InvalidRequestError
 from specdec.models.loader import LoadedModel
 from specdec.train.data import DataConfig, build_dataset
@@ -54,5 +55,5 @@ def train_draft(target: LoadedModel, out: Path, data_dir: Path, data_config: Dat
         torch.set_float32_matmul_precision(precision)
     summary = {"target": target.name, "answers": len(examples), "answer_tokens": tokens,
                "data": asdict(data_config), "train": asdict(train_config), "history": history}
-    head.save(out, meta=summary)
+    head.save(out, meta=summary, card=HeadCard(target_identity(target.model), HeadPolicy()))  # made for this target, default policy
     return summary

@@ -1,0 +1,104 @@
+"""Every kind of draft a user can name (--draft, a request's `draft`), in one table.
+
+A kind is either a name (`lookup`), a prefix with an argument (`head:PATH`), or, last, any model
+name or path. Each row holds its factory and the one line of help that `specdec ... --help` shows;
+adding a drafter is one row here, not another `if` branch, and nothing registers itself on import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from specdec.drafters import combined, oracle, quantized
+from specdec.drafters.base import Drafter
+from specdec.drafters.lookup import LookupDrafter
+from specdec.drafters.model import ModelDrafter
+from specdec.drafters.none import NoDrafter
+from specdec.errors import ModelLoadError, UnsupportedHereError
+
+DEFAULT_DRAFT = "auto"  # what `specdec generate` and `specdec serve` draft with unless told otherwise
+
+# factory(target: LoadedModel, argument: the text after "prefix:" ("" for a name), dtype: the draft's or None)
+Factory = Callable[..., Drafter]
+
+
+@dataclass(frozen=True)
+class DraftKind:
+    syntax: str  # as a user writes it: `lookup`, `head:PATH[:MIN_CONF]`, `MODEL`
+    build: Factory
+    help: str  # one line
+
+    @property
+    def prefix(self) -> str | None:
+        """The text before ':' for a kind that takes an argument (None for a plain name or MODEL)."""
+        head, sep, _ = self.syntax.partition(":")
+        return head if sep else None
+
+
+def model_drafter(target, name: str, dtype: str | None = None, megakernel: bool = False) -> Drafter:
+    """A separate draft model; refused unless it shares the target's vocabulary."""
+    from specdec.models import loader
+
+    try:
+        draft = loader.load_model(name, device=str(target.model.device), dtype=dtype, megakernel=megakernel)
+    except UnsupportedHereError:
+        raise  # a known model that cannot run as asked: saying it is unknown would mislead
+    except ModelLoadError as exc:
+        known = ", ".join(kind.syntax for kind in DRAFT_KINDS[:-1])
+        raise ModelLoadError(f"unknown draft {name!r}: it is none of {known}, and {exc}") from None
+    loader.check_same_vocabulary(target, draft)  # through the module, so that tests can patch it
+    return ModelDrafter(draft.model, target.model.vocab_size, name=draft.name)
+
+
+def _self(precision: str, kernel: str = "auto") -> Factory:
+    return lambda target, arg, dtype=None: quantized.self_drafter(target, precision, kernel)
+
+
+DRAFT_KINDS: tuple[DraftKind, ...] = (
+    DraftKind("auto", lambda target, arg, dtype=None: combined.auto_drafter(target),
+              "lookup+head with the shipped head made for this target (its file records which), else lookup"),
+    DraftKind("lookup", lambda target, arg, dtype=None: LookupDrafter(target.model.device),
+              "prompt lookup: copy what followed the last matching n-gram of the text"),
+    DraftKind("none", lambda target, arg, dtype=None: NoDrafter(target.model.device),
+              "no draft: plain decoding through the same loop"),
+    DraftKind("head:PATH[:MIN_CONF]", lambda target, arg, dtype=None: combined.head_drafter(target, arg),
+              "a draft head file alone (MIN_CONF: end a round when the head's confidence drops below it)"),
+    DraftKind("lookup+head:PATH[:MIN_CONF]", lambda target, arg, dtype=None: combined.lookup_head_drafter(target, arg),
+              "lookup after a match of 2+ tokens, else the head, as many tokens as the head's policy says"),
+    DraftKind("self-int8", _self("int8"), "an int8 copy of the target (weights per output channel)"),
+    DraftKind("self-int4", _self("int4"), "an int4 copy of the target (weights per group of 32)"),
+    DraftKind("self-bf16", _self("bf16"), "a bf16 copy of the target"),
+    DraftKind("self-int8-dequant", _self("int8", "dequant"), "self-int8 computed by dequantizing on the fly"),
+    DraftKind("self-int4-dequant", _self("int4", "dequant"), "self-int4 computed by dequantizing on the fly"),
+    DraftKind("self-int8-dynamic", _self("int8", "dynamic"), "int8 weights and activations (FBGEMM, CPU only)"),
+    DraftKind("oracle:ALPHA[:DRAFT]", lambda target, arg, dtype=None: oracle.oracle_drafter(target, arg, dtype),
+              "engine benchmarks: the target's own continuation, kept with probability ALPHA, at DRAFT's cost"),
+    DraftKind("megakernel:MODEL", lambda target, arg, dtype=None: model_drafter(target, arg, dtype, megakernel=True),
+              "MODEL's single-token steps as one CUDA kernel (Hopper GPUs, bf16)"),
+    DraftKind("MODEL", lambda target, arg, dtype=None: model_drafter(target, arg, dtype),
+              "a model name or path with the target's tokenizer"),
+)
+_NAMED = {kind.syntax: kind for kind in DRAFT_KINDS if kind.prefix is None and kind.syntax != "MODEL"}
+_PREFIXED = {kind.prefix: kind for kind in DRAFT_KINDS if kind.prefix is not None}
+
+
+def find_kind(spec: str) -> tuple[DraftKind, str]:
+    """The kind that `spec` names, and its argument ("" for a plain name; the spec itself for MODEL)."""
+    if spec in _NAMED:
+        return _NAMED[spec], ""
+    prefix, sep, arg = spec.partition(":")
+    if sep and prefix in _PREFIXED:
+        return _PREFIXED[prefix], arg
+    return DRAFT_KINDS[-1], spec
+
+
+def make_drafter(spec: str, target, dtype: str | None = None) -> Drafter:
+    """Build the drafter that `spec` names for this target (a LoadedModel)."""
+    kind, arg = find_kind(spec)
+    return kind.build(target, arg, dtype=dtype)
+
+
+def draft_help() -> str:
+    """The --draft help text, one clause a kind."""
+    return "; ".join(f"`{kind.syntax}`: {kind.help}" for kind in DRAFT_KINDS)
