@@ -7,6 +7,7 @@ distribution is one-hot on the argmax, so the general rule reduces to "keep whil
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +70,19 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         floor = params.min_p * probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < floor, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def warp_ragged(logits: torch.Tensor, offsets: Sequence[int], params: Sequence[SamplingParams]) -> torch.Tensor:
+    """warp_logits over a ragged batch, each sequence under its own params (rule 3).
+
+    logits: [T, V]; sequence i owns rows offsets[i]:offsets[i + 1] (offsets: [B + 1] host ints,
+    cumulative, offsets[0] = 0, offsets[B] = T). Returns [T, V] fp32 probabilities.
+    Each sequence is warped on its own rows alone, never grouped with others sharing its params:
+    a group's row count would then choose the kernels, and its probabilities would depend on B (rule 6).
+    """
+    if len(params) != len(offsets) - 1:
+        raise ValueError(f"offsets describe {len(offsets) - 1} sequences but {len(params)} SamplingParams came")
+    return torch.cat([warp_logits(logits[lo:hi], sp) for lo, hi, sp in zip(offsets[:-1], offsets[1:], params)])
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
