@@ -4,8 +4,9 @@ A step runs every running sequence's next unit in one SlotModel.forward_ragged c
 - a prefill chunk (at most BatchConfig.prefill_chunk tokens of the prompt minus its last token)
   for a sequence still prefilling, so a long prompt holds the others up for one chunk at most;
 - a verify of [pending, drafts...] for a decoding sequence (its own K, drafter and sampling).
-Then each sequence settles its round by the rejection rule with its own generator, its slot is
-rolled back to the true text, and its tokens are emitted. Sequences join between steps (in FIFO
+Then the rejection rule settles every verify in one call (verify.ragged_outcome, each sequence
+with its own sampling and generator), each slot is rolled back to its true text, and the tokens
+are emitted. Sequences join between steps (in FIFO
 order while no slot is free) and leave when done, freeing their slot.
 
 Per sequence, the invariant and the order of work are engine.Engine's (the slot holds the emitted
@@ -31,8 +32,8 @@ from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, p
 from specdec.engine import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
-from specdec.sampling import warp_logits
-from specdec.verify import Verdict, greedy_outcome, read_round, sampled_outcome
+from specdec.sampling import warp_ragged
+from specdec.verify import Verdict, ragged_outcome, read_ragged_round
 
 
 @dataclass(frozen=True)
@@ -266,14 +267,13 @@ class BatchedEngine:
 
     def _settle(self, units: list[_Unit], out: RaggedOutput) -> list[tuple[list[EmittedToken], str | None]]:
         """Each unit's tokens emitted this step and finish reason (None: it goes on)."""
+        rounds = judge(units, out)
         results = []
         for i, unit in enumerate(units):
-            features = out.features[i]
             if unit.draft is None:
-                results.append(([], self._prefilled(unit, features)))
-                continue
-            verdict, kept, next_token = judge(out.logits_of(i), unit.draft, unit.seq)
-            results.append(self._apply(unit.seq, verdict, kept, next_token, features))
+                results.append(([], self._prefilled(unit, out.features[i])))
+            else:
+                results.append(self._apply(unit.seq, *rounds[i], out.features[i]))
         return results
 
     def _prefilled(self, unit: _Unit, features: torch.Tensor | None) -> None:  # never finishes a sequence
@@ -335,17 +335,25 @@ class BatchedEngine:
         return token_tensor(ids, self.target.device)
 
 
-def judge(logits: torch.Tensor, draft: Draft, seq: _Sequence) -> tuple[Verdict, list[int], torch.Tensor]:
-    """The rejection rule over one sequence's verify rows, logits [k+1, V], with its own sampling and
-    generator: (verdict, kept drafts, next token [1] left on the device)."""
-    params = seq.config.sampling
-    if params.greedy:
-        num_accepted, next_token = greedy_outcome(logits.argmax(-1), draft.tokens)
-    else:
-        num_accepted, next_token = sampled_outcome(warp_logits(logits, params), draft.tokens, draft.q,
-                                                   seq.generator)
-    verdict, kept = read_round(num_accepted, next_token, draft.tokens)
-    return verdict, kept, next_token
+def judge(units: list[_Unit], out: RaggedOutput) -> dict[int, tuple[Verdict, list[int], torch.Tensor]]:
+    """The rejection rule over every verify of the step in one call, each sequence with its own
+    sampling and generator, and the host's one read: for unit i, (verdict, kept drafts, next token
+    [1] left on the device as the next pending token)."""
+    verify = [i for i, u in enumerate(units) if u.draft is not None]
+    if not verify:
+        return {}
+    drafts = [units[i].draft for i in verify]
+    seqs = [units[i].seq for i in verify]
+    offsets = [0, *(out.offsets[i + 1] for i in verify)]  # a prefill chunk brings no logits rows
+    params = [s.config.sampling for s in seqs]
+    draft_tokens = torch.cat([d.tokens for d in drafts])  # [sum(K_i)]
+    given = [d.q for d in drafts if d.q is not None]
+    q = torch.cat(given) if given else None  # [rows of the sampled drafts, V]
+    q_offsets = list(itertools.accumulate((0 if d.q is None else len(d) for d in drafts), initial=0)) if given else None
+    num_accepted, next_token = ragged_outcome(warp_ragged(out.logits, offsets, params), offsets, draft_tokens,
+                                              q, q_offsets, params, [s.generator for s in seqs])
+    rounds = read_ragged_round(num_accepted, next_token, draft_tokens, offsets)
+    return {i: (verdict, kept, next_token[j:j + 1]) for j, (i, (verdict, kept)) in enumerate(zip(verify, rounds))}
 
 
 def check_request(prompt: list[int], config: GenerationConfig, max_length: int, decode) -> None:
