@@ -79,19 +79,23 @@ def run_arriving(engine: BatchedEngine, requests, drafters):
     return handles
 
 
-def batch_sizes(engine: BatchedEngine, monkeypatch) -> list[int]:
-    """Records how many sequences each forward_ragged call of the engine's target runs."""
-    sizes = []
+def record_rows(engine: BatchedEngine, monkeypatch) -> list[list[int]]:
+    """Records, for each forward_ragged call of the engine's target, how many tokens each sequence brings."""
+    calls = []
     forward = engine.target.forward_ragged
-    monkeypatch.setattr(engine.target, "forward_ragged",
-                        lambda slots, tokens, **kw: sizes.append(len(slots)) or forward(slots, tokens, **kw))
-    return sizes
+
+    def recorded(slots, tokens, **kw):
+        calls.append([len(t) for t in tokens])
+        return forward(slots, tokens, **kw)
+
+    monkeypatch.setattr(engine.target, "forward_ragged", recorded)
+    return calls
 
 
 def test_greedy_output_equals_plain_decoding_whatever_the_batch(tiny_target, tiny_draft, monkeypatch):
     requests = mixed_requests(40)
     engine = batched(tiny_target, max_slots=6)
-    sizes = batch_sizes(engine, monkeypatch)
+    calls = record_rows(engine, monkeypatch)
     drafters = [make_drafter(kind, tiny_target, tiny_draft) for _, _, kind, _ in requests]
     handles = run_arriving(engine, requests, drafters)
     for (prompt, config, kind, _), handle in zip(requests, handles):
@@ -102,6 +106,7 @@ def test_greedy_output_equals_plain_decoding_whatever_the_batch(tiny_target, tin
     for (_, _, kind, _), handle in zip(requests, handles):
         accepted[kind] += handle.stats.accepted
     assert accepted["lookup"] > 0 and accepted["oracle"] > 0 and accepted["none"] == 0
+    sizes = [len(rows) for rows in calls]
     assert max(sizes) == 6 and len(set(sizes)) > 3  # full batches (40 sequences queued for 6 slots) and ragged ones
 
 
@@ -164,7 +169,8 @@ def test_sampled_output_follows_target_distribution_under_batching():
         handles.append(engine.submit(PROMPT, GenerationConfig(max_new_tokens=2, k=1, sampling=sampling)))
         if i % 4 == 0:
             other = SamplingParams(temperature=0.0 if i % 8 else 0.7, seed=10_000 + i)
-            engine.submit([i % V] * (1 + i % 3), GenerationConfig(max_new_tokens=3 + i % 5, k=1 + i % 3, sampling=other))
+            config = GenerationConfig(max_new_tokens=3 + i % 5, k=1 + i % 3, sampling=other)
+            engine.submit([i % V] * (1 + i % 3), config)
         if i % 5 == 0:
             engine.step()
     engine.run()
@@ -198,10 +204,7 @@ def test_k_below_one_is_refused_before_submit():
 
 def test_a_long_prompt_never_stalls_the_others_for_more_than_one_chunk(tiny_target, monkeypatch):
     engine = batched(tiny_target, max_slots=2, chunk=4)
-    rows = []
-    forward = engine.target.forward_ragged
-    monkeypatch.setattr(engine.target, "forward_ragged",
-                        lambda slots, tokens, **kw: rows.append([len(t) for t in tokens]) or forward(slots, tokens, **kw))
+    calls = record_rows(engine, monkeypatch)
     short = engine.submit([5, 6], GenerationConfig(max_new_tokens=30, k=1))
     engine.step()
     long = engine.submit(list(range(5, 45)), GenerationConfig(max_new_tokens=5, k=1))
@@ -211,7 +214,7 @@ def test_a_long_prompt_never_stalls_the_others_for_more_than_one_chunk(tiny_targ
         engine.step()
         steps += 1
         assert len(short.token_ids) > before  # the decoding sequence emits every step
-    assert steps >= 39 // 4 + 1 and max(r[1] for r in rows if len(r) == 2) <= 4  # 39 prompt tokens, 4 a step
+    assert steps >= 39 // 4 + 1 and max(rows[1] for rows in calls if len(rows) == 2) <= 4  # 39 prompt tokens, 4 a step
     engine.run()
     assert long.token_ids == plain(tiny_target, list(range(5, 45)), GenerationConfig(max_new_tokens=5, k=1)).token_ids
 

@@ -6,8 +6,8 @@ A step runs every running sequence's next unit in one SlotModel.forward_ragged c
 - a verify of [pending, drafts...] for a decoding sequence (its own K, drafter and sampling).
 Then the rejection rule settles every verify in one call (verify.ragged_outcome, each sequence
 with its own sampling and generator), each slot is rolled back to its true text, and the tokens
-are emitted. Sequences join between steps (in FIFO
-order while no slot is free) and leave when done, freeing their slot.
+are emitted. Sequences join between steps (in FIFO order while no slot is free) and leave when
+done, freeing their slot.
 
 Per sequence, the invariant and the order of work are engine.Engine's (the slot holds the emitted
 text minus its pending token; draft, verify, keep a prefix, emit one more; the same draws from the
@@ -349,7 +349,8 @@ def judge(units: list[_Unit], out: RaggedOutput) -> dict[int, tuple[Verdict, lis
     draft_tokens = torch.cat([d.tokens for d in drafts])  # [sum(K_i)]
     given = [d.q for d in drafts if d.q is not None]
     q = torch.cat(given) if given else None  # [rows of the sampled drafts, V]
-    q_offsets = list(itertools.accumulate((0 if d.q is None else len(d) for d in drafts), initial=0)) if given else None
+    q_rows = (0 if d.q is None else len(d) for d in drafts)  # a one-hot draft brings no rows of q
+    q_offsets = list(itertools.accumulate(q_rows, initial=0)) if given else None
     num_accepted, next_token = ragged_outcome(warp_ragged(out.logits, offsets, params), offsets, draft_tokens,
                                               q, q_offsets, params, [s.generator for s in seqs])
     rounds = read_ragged_round(num_accepted, next_token, draft_tokens, offsets)
