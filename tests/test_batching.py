@@ -17,7 +17,7 @@ from specdec.drafters.head import DraftHead, HeadDrafter, config_for_target, tar
 from specdec.drafters.oracle import OracleDrafter
 from specdec.engine import Engine, GenerationConfig, Origin
 from specdec.errors import InvalidRequestError
-from specdec.models.slots import LoopSlots
+from specdec.models.slots import LoopSlots, SlotModel
 from specdec.sampling import SamplingParams
 from tests.conftest import VOCAB
 from tests.markov import MarkovLM
@@ -261,18 +261,41 @@ def test_breaking_out_of_a_handle_cancels_it(tiny_target):
     assert handle.done and len(handle.token_ids) < 40
 
 
+def assert_slots_match_alone(slots: SlotModel, make_alone, steps: int = 40, seed: int = 0) -> None:
+    """A random schedule of ragged calls over the slots (prefill chunks, verifies, plain steps, each
+    followed by a rollback or a release now and then): every sequence's logits equal, bit for bit,
+    those of its own CausalLM run alone (make_alone: () -> a fresh one). Any SlotModel must pass."""
+    rng = random.Random(seed)
+    alone = [make_alone() for _ in range(slots.max_slots)]
+    for _ in range(steps):
+        chosen = rng.sample(range(slots.max_slots), rng.randint(1, slots.max_slots))
+        tokens = [torch.tensor([rng.randrange(VOCAB) for _ in range(rng.choice([1, 1, 3, 7]))]) for _ in chosen]
+        out = slots.forward_ragged(chosen, tokens)
+        for i, (slot, new) in enumerate(zip(chosen, tokens)):
+            assert torch.equal(out.logits_of(i), alone[slot].forward(new))
+            if rng.random() < 0.1:
+                slots.release(slot)
+                alone[slot].reset()
+            elif rng.random() < 0.4:
+                keep = rng.randint(0, alone[slot].cache_len)
+                slots.rollback(slot, keep)
+                alone[slot].rollback(keep)
+        assert [slots.cache_len(s) for s in range(slots.max_slots)] == [m.cache_len for m in alone]
+
+
 def test_loop_slots_rows_are_each_model_alone(tiny_target):
+    assert_slots_match_alone(LoopSlots(tiny_target.with_own_cache, 4), tiny_target.with_own_cache)
+
+
+def test_forward_ragged_gives_logits_and_features_where_asked(tiny_target):
     slots = LoopSlots(tiny_target.with_own_cache, 3)
     prompts = [torch.tensor([5, 6, 7]), torch.tensor([9]), torch.tensor([1, 2, 3, 4, 5])]
     out = slots.forward_ragged([2, 0, 1], prompts, logits=[True, False, True], features=[None, (0,), None])
     assert out.offsets == (0, 3, 3, 8) and out.logits.shape == (8, VOCAB)
-    assert out.features[0] is None and out.features[1].shape[0] == 1
-    for i, prompt in enumerate(prompts):
-        if i != 1:
-            assert torch.equal(out.logits_of(i), tiny_target.prefill(prompt))
+    assert out.features[0] is None and out.features[1].shape == (1, 2 * 32)
+    assert torch.equal(out.logits_of(2), tiny_target.prefill(prompts[2]))
     assert [slots.cache_len(s) for s in range(3)] == [1, 5, 3]
-    slots.rollback(1, 2)
-    slots.release(2)
-    assert [slots.cache_len(s) for s in range(3)] == [1, 2, 0]
     with pytest.raises(ValueError, match="distinct"):
         slots.forward_ragged([0, 0], [torch.tensor([1]), torch.tensor([2])])
+    with pytest.raises(ValueError, match="exceed"):
+        slots.forward_ragged([0], [torch.zeros(512, dtype=torch.long)])

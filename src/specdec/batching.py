@@ -58,7 +58,9 @@ class SequenceResult:
     stats: SpecStats
 
 
-# Called after each step in which the sequence emitted tokens or finished, with that step's tokens.
+# Called after each step in which the sequence emitted tokens or finished, with that step's tokens
+# (handle.done tells which). An asyncio server stepping the engine in a thread of its own can hand
+# them to its loop: lambda h, tokens: loop.call_soon_threadsafe(queue.put_nowait, (tokens, h.done)).
 Listener = Callable[["SequenceHandle", list[EmittedToken]], None]
 
 
@@ -94,6 +96,8 @@ class SequenceHandle:
     def cancel(self) -> None:
         """Stop generating: the sequence leaves at the next step and frees its slot."""
         self.cancelled = True
+
+    close = cancel  # as engine.Generation.close
 
     def result(self) -> SequenceResult:
         """Step the engine until this sequence is done; its result."""
