@@ -102,6 +102,8 @@ def test_greedy_output_equals_plain_decoding_whatever_the_batch(tiny_target, tin
         expected = plain(tiny_target, prompt, config)
         assert handle.done and handle.token_ids == expected.token_ids, (kind, prompt, config)
         assert handle.finish_reason == expected.finish_reason == "length"
+        stats = handle.stats
+        assert stats.generated == len(handle.token_ids) and sum(stats.accepted_per_position) == stats.accepted
     accepted = {kind: 0 for kind in KINDS}
     for (_, _, kind, _), handle in zip(requests, handles):
         accepted[kind] += handle.stats.accepted
@@ -226,6 +228,7 @@ def test_sequences_wait_for_a_slot_and_a_cancelled_one_frees_it(tiny_target):
     engine.step()  # the prefill of the first two prompts
     engine.step()
     assert first.token_ids and second.token_ids and not third.token_ids  # queued: no free slot
+    assert (engine.num_running, engine.num_waiting) == (2, 1)
     second.cancel()
     engine.run()
     assert second.done and second.finish_reason is None and len(second.token_ids) < 12

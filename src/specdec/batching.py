@@ -178,6 +178,14 @@ class BatchedEngine:
         """Whether any sequence is running or waiting for a slot."""
         return bool(self._running or self._waiting)
 
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
     def submit(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None = None,
                listener: Listener | None = None) -> SequenceHandle:
         """Queue one sequence; it joins the batch at the next step with a free slot. drafter: its own
