@@ -104,10 +104,12 @@ def test_greedy_output_equals_plain_decoding_whatever_the_batch(tiny_target, tin
         assert handle.finish_reason == expected.finish_reason == "length"
         stats = handle.stats
         assert stats.generated == len(handle.token_ids) and sum(stats.accepted_per_position) == stats.accepted
-    accepted = {kind: 0 for kind in KINDS}
+    drafted, accepted = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0)
     for (_, _, kind, _), handle in zip(requests, handles):
+        drafted[kind] += handle.stats.drafted
         accepted[kind] += handle.stats.accepted
-    assert accepted["lookup"] > 0 and accepted["oracle"] > 0 and accepted["none"] == 0
+    assert all(drafted[kind] > 0 for kind in KINDS[1:]) and drafted["none"] == 0  # the head read its features
+    assert accepted["lookup"] > 0 and accepted["oracle"] > 0
     sizes = [len(rows) for rows in calls]
     assert max(sizes) == 6 and len(set(sizes)) > 3  # full batches (40 sequences queued for 6 slots) and ragged ones
 
@@ -139,7 +141,7 @@ def test_eos_and_stop_strings_end_each_sequence_as_alone(tiny_target):
     assert handles[1].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("kind", ["none", "lookup", "model"])
+@pytest.mark.parametrize("kind", ["none", "lookup", "model", "head"])
 def test_a_seed_reproduces_a_sequence_whatever_its_companions(tiny_target, tiny_draft, kind):
     prompt = [3, 4, 5, 3, 4, 5, 3]
     config = GenerationConfig(max_new_tokens=24, k=3, sampling=SamplingParams(temperature=1.0, seed=42))
