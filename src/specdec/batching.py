@@ -334,7 +334,9 @@ class BatchedEngine:
 
     @staticmethod
     def _charge(unit: _Unit, draft: float, verify: float, other: float) -> None:
-        """Each sequence is charged the step's whole phases: the time it waited for the batch."""
+        """Each sequence is charged the step's whole phases: the time it waited for the batch. Wall
+        clock: on a GPU the step ends with its one read (the verdicts), so a step's total is exact
+        and its split between the phases is where the host waited."""
         stats = unit.seq.handle.stats
         if unit.draft is None:
             stats.prefill_time += draft + verify + other

@@ -102,10 +102,6 @@ class LoopSlots(SlotModel):
         self.name, self.vocab_size, self.max_length = first.name, first.vocab_size, first.max_length
         self.device, self.max_slots = first.device, max_slots
 
-    def model(self, slot: int) -> CausalLM:
-        """The CausalLM behind one slot."""
-        return self._models[slot]
-
     @property
     def cheap_verify_rows(self) -> bool:
         return self._models[0].cheap_verify_rows
