@@ -11,6 +11,8 @@ from specdec.verify import Verdict, accept_or_fix, residual, verify_greedy, veri
 _LAZY = {
     "lookup_draft": "specdec.drafters.lookup",
     "Engine": "specdec.engine",
+    "BatchedEngine": "specdec.batching",
+    "BatchConfig": "specdec.batching",
     "GenerationConfig": "specdec.engine",
     "SpecStats": "specdec.engine",
     "Origin": "specdec.engine",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
@@ -27,7 +28,8 @@ class Draft:
 
 
 class Drafter(ABC):
-    """Proposes tokens for the engine. One instance drafts for one sequence at a time."""
+    """Proposes tokens for the engine. One instance drafts for one sequence at a time: a batch of
+    sequences has one drafter each (made by a DrafterFactory), and propose_batch drafts for all."""
 
     name: str = "drafter"
     needs_target_features: bool = False  # True: the engine calls observe() with the target's features
@@ -43,6 +45,15 @@ class Drafter(ABC):
     ) -> Draft:
         """Propose up to k tokens to follow context (the whole text so far, prompt included)."""
 
+    @classmethod
+    def propose_batch(cls, drafters: Sequence["Drafter"], contexts: Sequence[list[int]], ks: Sequence[int],
+                      params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> list[Draft]:
+        """Drafts for several sequences whose drafters are all of this class: drafters[i] proposes up
+        to ks[i] >= 1 tokens after contexts[i] with its sequence's params[i] and generators[i]. A loop
+        here; a class that can draft many sequences in one pass overrides it, with the same drafts
+        as one at a time (a sequence's draft must not depend on its companions)."""
+        return [d.propose(c, k, p, g) for d, c, k, p, g in zip(drafters, contexts, ks, params, generators)]
+
     def commit(self, num_valid: int) -> None:
         """After a round: the first num_valid tokens of the text are final; forget the rest."""
 
@@ -52,5 +63,26 @@ class Drafter(ABC):
         order: the prompt's after begin(), then each round's kept positions."""
 
 
+DrafterFactory = Callable[[], Drafter]  # a fresh drafter for one more sequence
+
+
 def empty_draft(device: torch.device) -> Draft:
     return Draft(torch.empty(0, dtype=torch.long, device=device))
+
+
+def propose_all(drafters: Sequence[Drafter], contexts: Sequence[list[int]], ks: Sequence[int],
+                params: Sequence[SamplingParams], generators: Sequence[torch.Generator]) -> list[Draft | None]:
+    """One round's drafts for a batch: drafters[i] proposes up to ks[i] tokens for sequence i (None
+    where ks[i] is 0). Drafters of one class draft together through their class's propose_batch."""
+    out: list[Draft | None] = [None] * len(drafters)
+    groups: dict[type, list[int]] = {}
+    for i, (drafter, k) in enumerate(zip(drafters, ks)):
+        if k > 0:
+            groups.setdefault(type(drafter), []).append(i)
+    for cls, members in groups.items():
+        drafts = cls.propose_batch([drafters[i] for i in members], [contexts[i] for i in members],
+                                   [ks[i] for i in members], [params[i] for i in members],
+                                   [generators[i] for i in members])
+        for i, draft in zip(members, drafts):
+            out[i] = draft
+    return out

@@ -23,6 +23,10 @@ class HFCausalLM(CausalLM):
         self._can_skip_logits = "logits_to_keep" in params
         self._cache = DynamicCache()
 
+    def with_own_cache(self) -> "HFCausalLM":
+        """Another backend over the same weights, with an empty cache of its own (one per sequence)."""
+        return HFCausalLM(self.model, self.name)
+
     @property
     def cache_len(self) -> int:
         return self._cache.get_seq_length()

@@ -1,0 +1,388 @@
+"""Many sequences at once: continuous batching over a slot model, with speculation per sequence.
+
+A step runs every running sequence's next unit in one SlotModel.forward_ragged call:
+- a prefill chunk (at most BatchConfig.prefill_chunk tokens of the prompt minus its last token)
+  for a sequence still prefilling, so a long prompt holds the others up for one chunk at most;
+- a verify of [pending, drafts...] for a decoding sequence (its own K, drafter and sampling).
+Then the rejection rule settles every verify in one call (verify.ragged_outcome, each sequence
+with its own sampling and generator), each slot is rolled back to its true text, and the tokens
+are emitted. Sequences join between steps (in FIFO order while no slot is free) and leave when
+done, freeing their slot.
+
+Per sequence, the invariant and the order of work are engine.Engine's (the slot holds the emitted
+text minus its pending token; draft, verify, keep a prefix, emit one more; the same draws from the
+sequence's own generator in the same order), and a slot's rows do not depend on the others: so a
+sequence's tokens are the ones it gets alone, whatever shares its batch and whenever it arrived
+(rule 6 of the design).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from specdec.clock import token_tensor
+from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
+from specdec.engine import EmittedToken, GenerationConfig, Origin, SpecStats
+from specdec.errors import InvalidRequestError
+from specdec.models.slots import RaggedOutput, SlotModel
+from specdec.sampling import warp_ragged
+from specdec.verify import Verdict, ragged_outcome, read_ragged_round
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """How the engine schedules: prefill_chunk is the most prompt tokens a sequence runs in one step."""
+
+    prefill_chunk: int = 256
+
+    def __post_init__(self) -> None:
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+
+
+@dataclass(frozen=True)
+class SequenceResult:
+    """A finished sequence: its generated tokens, why it stopped ("stop", "length", None if
+    cancelled) and its stats."""
+
+    request_id: int
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    stats: SpecStats
+
+
+# Called after each step in which the sequence emitted tokens or finished, with that step's tokens
+# (handle.done tells which). An asyncio server stepping the engine in a thread of its own can hand
+# them to its loop: lambda h, tokens: loop.call_soon_threadsafe(queue.put_nowait, (tokens, h.done)).
+Listener = Callable[["SequenceHandle", list[EmittedToken]], None]
+
+
+class SequenceHandle:
+    """One submitted sequence. Iterate it for its EmittedTokens (stepping the engine while none are
+    ready; leaving the loop early cancels the sequence), or give submit a listener. token_ids,
+    stats and finish_reason fill in as the engine steps. Iterate handles, or call result(), only
+    from the thread that steps the engine."""
+
+    def __init__(self, engine: "BatchedEngine", request_id: int, listener: Listener | None):
+        self.request_id = request_id
+        self.stats = SpecStats()
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.done = False
+        self.cancelled = False
+        self._engine = engine
+        self._listener = listener
+        self._ready: deque[EmittedToken] = deque()  # emitted, not yet iterated (without a listener)
+
+    def __iter__(self) -> Iterator[EmittedToken]:
+        try:
+            while True:
+                while self._ready:
+                    yield self._ready.popleft()
+                if self.done:
+                    return
+                self._engine.step()
+        finally:
+            if not self.done:
+                self.cancel()
+
+    def cancel(self) -> None:
+        """Stop generating: the sequence leaves at the next step and frees its slot."""
+        self.cancelled = True
+
+    close = cancel  # as engine.Generation.close
+
+    def result(self) -> SequenceResult:
+        """Step the engine until this sequence is done; its result."""
+        while not self.done:
+            self._engine.step()
+        return SequenceResult(self.request_id, tuple(self.token_ids), self.finish_reason, self.stats)
+
+    def _emit(self, tokens: list[EmittedToken], finished: bool) -> None:
+        self.token_ids += [t.token_id for t in tokens]
+        self.done = finished
+        if self._listener is None:
+            self._ready.extend(tokens)
+        elif tokens or finished:
+            self._listener(self, tokens)
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """The engine's record of one sequence (its handle is the caller's view)."""
+
+    handle: SequenceHandle
+    prompt: list[int]
+    config: GenerationConfig
+    drafter: Drafter
+    generator: torch.Generator
+    context: list[int] = field(default_factory=list)  # prompt + generated
+    slot: int = -1
+    prefilled: int = 0  # prompt tokens in the slot so far (the prompt minus its last when done)
+    pending: torch.Tensor | None = None  # [1] the newest token, fed first by the next verify
+    text_checked: int = 0  # generated tokens already checked for stop strings
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.prompt) - 1
+
+    @property
+    def layers(self) -> tuple[int, ...] | None:
+        """The feature layers its drafter reads, or None when it reads no features."""
+        return self.drafter.feature_layers if self.drafter.needs_target_features else None
+
+    def next_k(self) -> int:
+        """Drafts this round: a round emits up to k + 1 tokens, never past max_new_tokens."""
+        remaining = self.config.max_new_tokens - (len(self.context) - len(self.prompt))
+        return max(0, min(self.config.k, remaining - 1))
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """A sequence's share of a step: tokens [n] for its slot; draft None for a prefill chunk."""
+
+    seq: _Sequence
+    tokens: torch.Tensor
+    draft: Draft | None
+
+
+class BatchedEngine:
+    """Speculative decoding of many sequences at once over a slot model (continuous batching).
+
+    drafter_factory: () -> a fresh Drafter for each sequence submitted without its own.
+    eos_token_ids: ids that end a sequence. decode: list[int] -> str, needed for stop strings.
+    Not thread-safe: call submit() and step() from one thread (a server: its engine thread).
+    """
+
+    def __init__(self, target: SlotModel, drafter_factory: DrafterFactory, eos_token_ids=(), decode=None,
+                 config: BatchConfig = BatchConfig()):
+        self.target = target
+        self.drafter_factory = drafter_factory
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.decode = decode
+        self.config = config
+        self._free = list(range(target.max_slots))  # a heap: the lowest free slot goes first
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._ids = itertools.count()
+
+    @property
+    def busy(self) -> bool:
+        """Whether any sequence is running or waiting for a slot."""
+        return bool(self._running or self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, prompt: list[int], config: GenerationConfig, drafter: Drafter | None = None,
+               listener: Listener | None = None) -> SequenceHandle:
+        """Queue one sequence; it joins the batch at the next step with a free slot. drafter: its own
+        (a fresh instance, never shared), else one from drafter_factory."""
+        check_request(prompt, config, self.target.max_length, self.decode)
+        drafter = self.drafter_factory() if drafter is None else drafter
+        if any(s.drafter is drafter for s in itertools.chain(self._running, self._waiting)):
+            raise ValueError("this drafter already drafts for another sequence: give each sequence its own")
+        handle = SequenceHandle(self, next(self._ids), listener)
+        generator = config.sampling.make_generator(self.target.device)
+        self._waiting.append(_Sequence(handle, list(prompt), config, drafter, generator, context=list(prompt)))
+        return handle
+
+    def generate(self, prompts: Sequence[list[int]], config: GenerationConfig) -> list[SequenceResult]:
+        """Submit every prompt, run until all are done; their results in order."""
+        handles = [self.submit(p, config) for p in prompts]
+        self.run()
+        return [h.result() for h in handles]
+
+    def run(self) -> None:
+        """Step until no sequence is running or waiting."""
+        while self.step():
+            pass
+
+    def step(self) -> bool:
+        """Admit, run every running sequence's next unit in one forward, settle, emit. Returns
+        whether any sequence is still running or waiting."""
+        self._drop_cancelled()
+        self._admit()
+        if not self._running:
+            return self.busy
+        start = time.perf_counter()
+        units = self._plan()
+        drafted = time.perf_counter()
+        out = self.target.forward_ragged([u.seq.slot for u in units], [u.tokens for u in units],
+                                         logits=[u.draft is not None for u in units],
+                                         features=[u.seq.layers for u in units])
+        emitted = self._settle(units, out)
+        settled = time.perf_counter()
+        self._leave([u.seq for u, (_, reason) in zip(units, emitted) if reason])
+        phases = (drafted - start, settled - drafted, time.perf_counter() - settled)
+        for unit, (tokens, reason) in zip(units, emitted):
+            self._charge(unit, *phases)
+            unit.seq.handle.finish_reason = reason
+            unit.seq.handle._emit(tokens, finished=reason is not None)  # listeners' time is not ours
+        return self.busy
+
+    def _drop_cancelled(self) -> None:
+        """Cancelled sequences leave: running ones free their slot, waiting ones their place."""
+        self._leave([s for s in self._running if s.handle.cancelled])
+        for seq in [s for s in self._waiting if s.handle.cancelled]:
+            self._waiting.remove(seq)
+            seq.handle._emit([], finished=True)
+
+    def _admit(self) -> None:
+        """Give free slots to waiting sequences, first come first served; their drafters begin."""
+        while self._free and self._waiting:
+            seq = self._waiting.popleft()
+            seq.slot = heapq.heappop(self._free)
+            start = time.perf_counter()
+            seq.drafter.begin(list(seq.prompt))
+            if not seq.prefilling:  # a one-token prompt: its only token is the pending one
+                seq.pending = self._tensor(seq.prompt[-1:])
+            seq.handle.stats.prefill_time += time.perf_counter() - start
+            self._running.append(seq)
+
+    def _leave(self, done: list[_Sequence]) -> None:
+        for seq in done:
+            self._running.remove(seq)
+            self.target.release(seq.slot)
+            heapq.heappush(self._free, seq.slot)
+            if seq.handle.cancelled and not seq.handle.done:
+                seq.handle._emit([], finished=True)
+
+    def _plan(self) -> list[_Unit]:
+        """Every running sequence's unit, in batch order: prefill chunks, and verifies after drafting."""
+        decoding = [s for s in self._running if not s.prefilling]
+        ks = [s.next_k() for s in decoding]
+        drafts = propose_all([s.drafter for s in decoding], [s.context for s in decoding], ks,
+                             [s.config.sampling for s in decoding], [s.generator for s in decoding])
+        draft_of = {id(s): d or empty_draft(self.target.device) for s, d in zip(decoding, drafts)}
+        units = []
+        for seq in self._running:
+            if seq.prefilling:
+                end = min(seq.prefilled + self.config.prefill_chunk, len(seq.prompt) - 1)
+                units.append(_Unit(seq, self._tensor(seq.prompt[seq.prefilled:end]), None))
+            else:
+                draft = draft_of[id(seq)]
+                units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft))
+        return units
+
+    def _settle(self, units: list[_Unit], out: RaggedOutput) -> list[tuple[list[EmittedToken], str | None]]:
+        """Each unit's tokens emitted this step and finish reason (None: it goes on)."""
+        rounds = judge(units, out)
+        results = []
+        for i, unit in enumerate(units):
+            if unit.draft is None:
+                results.append(([], self._prefilled(unit, out.features[i])))
+            else:
+                results.append(self._apply(unit.seq, *rounds[i], out.features[i]))
+        return results
+
+    def _prefilled(self, unit: _Unit, features: torch.Tensor | None) -> None:  # never finishes a sequence
+        """A prefill chunk ran; once the whole prompt but its last token is in, the sequence decodes."""
+        seq = unit.seq
+        seq.prefilled += int(unit.tokens.shape[0])
+        if features is not None:
+            seq.drafter.observe(features)
+        if not seq.prefilling:
+            seq.pending = self._tensor(seq.prompt[-1:])
+
+    def _apply(self, seq: _Sequence, verdict: Verdict, kept: list[int], next_token: torch.Tensor,
+               features: torch.Tensor | None) -> tuple[list[EmittedToken], str | None]:
+        """Keep the verdict's prefix: roll the slot and the drafter back, emit, check for a stop."""
+        if features is not None:  # the pending token and the kept drafts are now part of the text
+            seq.drafter.observe(features[: verdict.num_accepted + 1])
+        valid = len(seq.context) + verdict.num_accepted
+        self.target.rollback(seq.slot, valid)
+        seq.drafter.commit(valid)
+        seq.pending = next_token.reshape(1)
+        origins = [Origin.ACCEPTED] * verdict.num_accepted + [
+            Origin.BONUS if verdict.all_accepted else Origin.RECOVERED]
+        stats, emitted, reason = seq.handle.stats, [], None
+        for token, origin in zip(kept + [verdict.next_token], origins):
+            seq.context.append(token)
+            emitted.append(EmittedToken(token, origin, stats.rounds))
+            reason = self._finish_reason(seq)
+            if reason:
+                break
+        stats.record_round(verdict, len(emitted))
+        seq.text_checked = len(seq.context) - len(seq.prompt)
+        return emitted, reason
+
+    def _finish_reason(self, seq: _Sequence) -> str | None:
+        generated = seq.context[len(seq.prompt):]
+        if not seq.config.ignore_eos and generated[-1] in self.eos_token_ids:
+            return "stop"
+        if seq.config.stop:
+            # Only text that the newest tokens could complete needs checking; decode a few tokens back.
+            window = self.decode(generated[max(0, seq.text_checked - 8):])
+            if any(s in window for s in seq.config.stop):
+                return "stop"
+        if len(generated) >= seq.config.max_new_tokens:
+            return "length"
+        return None
+
+    @staticmethod
+    def _charge(unit: _Unit, draft: float, verify: float, other: float) -> None:
+        """Each sequence is charged the step's whole phases: the time it waited for the batch. Wall
+        clock: on a GPU the step ends with its one read (the verdicts), so a step's total is exact
+        and its split between the phases is where the host waited."""
+        stats = unit.seq.handle.stats
+        if unit.draft is None:
+            stats.prefill_time += draft + verify + other
+        else:
+            stats.draft_time += draft
+            stats.verify_time += verify
+            stats.other_time += other
+
+    def _tensor(self, ids: list[int]) -> torch.Tensor:
+        return token_tensor(ids, self.target.device)
+
+
+def judge(units: list[_Unit], out: RaggedOutput) -> dict[int, tuple[Verdict, list[int], torch.Tensor]]:
+    """The rejection rule over every verify of the step in one call, each sequence with its own
+    sampling and generator, and the host's one read: for unit i, (verdict, kept drafts, next token
+    [1] left on the device as the next pending token)."""
+    verify = [i for i, u in enumerate(units) if u.draft is not None]
+    if not verify:
+        return {}
+    drafts = [units[i].draft for i in verify]
+    seqs = [units[i].seq for i in verify]
+    offsets = [0, *(out.offsets[i + 1] for i in verify)]  # a prefill chunk brings no logits rows
+    params = [s.config.sampling for s in seqs]
+    draft_tokens = torch.cat([d.tokens for d in drafts])  # [sum(K_i)]
+    given = [d.q for d in drafts if d.q is not None]
+    q = torch.cat(given) if given else None  # [rows of the sampled drafts, V]
+    q_rows = (0 if d.q is None else len(d) for d in drafts)  # a one-hot draft brings no rows of q
+    q_offsets = list(itertools.accumulate(q_rows, initial=0)) if given else None
+    # The rule reads only the argmax of a greedy sequence's rows: an all-greedy step skips building
+    # one-hot rows (at a 128k vocabulary, 64 sequences x 5 rows would be 160 MB of them).
+    greedy = all(sp.greedy for sp in params)
+    p = out.logits if greedy else warp_ragged(out.logits, offsets, params)  # [sum(K_i + 1), V]
+    num_accepted, next_token = ragged_outcome(p, offsets, draft_tokens, q, q_offsets, params,
+                                              [s.generator for s in seqs])
+    rounds = read_ragged_round(num_accepted, next_token, draft_tokens, offsets)
+    return {i: (verdict, kept, next_token[j:j + 1]) for j, (i, (verdict, kept)) in enumerate(zip(verify, rounds))}
+
+
+def check_request(prompt: list[int], config: GenerationConfig, max_length: int, decode) -> None:
+    """The InvalidRequestError that engine.Engine raises for a request it cannot serve, or nothing."""
+    if not prompt:
+        raise InvalidRequestError("the prompt is empty: give at least one token of text")
+    if config.stop and decode is None:
+        raise InvalidRequestError("stop strings need a decode function (pass the tokenizer's decode)")
+    if len(prompt) + config.max_new_tokens > max_length:
+        raise InvalidRequestError(
+            f"prompt ({len(prompt)} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the "
+            f"target's context of {max_length} tokens; shorten the prompt or lower max_new_tokens"
+        )
