@@ -15,20 +15,16 @@ models brings no speedup; the wall times are printed only to show what the loop 
 
 import argparse
 import random
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-
-from specdec.batching import BatchConfig, BatchedEngine  # noqa: E402
-from specdec.drafters import LookupDrafter, ModelDrafter, NoDrafter  # noqa: E402
-from specdec.engine import Engine, GenerationConfig  # noqa: E402
-from specdec.models.native_llama import NativeLlama  # noqa: E402
-from specdec.models.slots import LoopSlots  # noqa: E402
-from specdec.sampling import SamplingParams  # noqa: E402
+from specdec.batching import BatchConfig, BatchedEngine
+from specdec.drafters import LookupDrafter, ModelDrafter, NoDrafter
+from specdec.engine import Engine, GenerationConfig
+from specdec.models.native_llama import NativeLlama
+from specdec.models.slots import LoopSlots
+from specdec.sampling import SamplingParams
 
 
 def native(args, layers: int, seed: int) -> NativeLlama:

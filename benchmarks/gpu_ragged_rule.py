@@ -12,18 +12,14 @@ median host time of one call and its GPU time (CUDA events).
 
 import argparse
 import statistics
-import sys
 import time
 import warnings
 from itertools import accumulate
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-
-from specdec.sampling import SamplingParams, warp_logits, warp_ragged  # noqa: E402
-from specdec.verify import greedy_outcome, ragged_outcome, sampled_outcome  # noqa: E402
+from specdec.sampling import SamplingParams, warp_logits, warp_ragged
+from specdec.verify import greedy_outcome, ragged_outcome, sampled_outcome
 
 PARAMS = [SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=50),
           SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=0.8, min_p=0.05)]
