@@ -6,7 +6,7 @@ import torch
 from specdec.drafters import NoDrafter, make_drafter
 from specdec.drafters.combined import LookupThenHead, default_head_path
 from specdec.engine import GenerationConfig
-from specdec.models.llama_net import packs_on_cpu
+from specdec.models.cpu_matrix import packs_on_cpu
 from specdec.runtime import build_runtime
 
 pytestmark = [pytest.mark.slow,
