@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from specdec.bench.common import parse_ints  # noqa: E402
 from specdec.bench.verify_cost import median_cells, prompt_tokens, time_alternating  # noqa: E402
-from specdec.models.llama_net import has_bf16_units  # noqa: E402
+from specdec.models.cpu_matrix import CpuCaps  # noqa: E402
 from specdec.models.loader import load_model  # noqa: E402
 
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt = prompt_tokens(models["fp32"].tokenizer, 512)
     times = time_alternating({name: loaded.model for name, loaded in models.items()}, prompt, args.n, args.trials)
     bf16 = models["bf16"].model
-    print(f"bf16 units: {has_bf16_units()}; bf16 backend: {type(bf16).__name__}, "
+    print(f"bf16 units: {CpuCaps.here().bf16_units}; bf16 backend: {type(bf16).__name__}, "
           f"cheap verify rows: {bf16.cheap_verify_rows}")
     print(f"{'rows':>4s} " + " ".join(f"{name:>22s}" for name in models) + "   bf16 rows = single steps")
     for n in args.n:
