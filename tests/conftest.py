@@ -16,7 +16,9 @@ from specdec.models.hf import HFCausalLM  # noqa: E402
 VOCAB = 64
 
 # Tests run thousands of tiny ops, where handing work to a second thread costs more than it saves
-# (and on a busy machine, far more). Tests of the real default model raise it again.
+# (and on a busy machine, far more). Tests of the real default model raise it again. The
+# environment variable is what build_runtime's thread choice (cpu_threads.use_threads) honours.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
 

@@ -56,6 +56,13 @@ def test_streamed_output_and_stats_table(capsys, tiny_dirs):
     assert "tokens per round" in out and "acceptance rate" in out
 
 
+def test_the_thread_count_is_shown_and_can_be_set(capsys, tiny_dirs):
+    args = ["--target", tiny_dirs["target"], "--max-new-tokens", "4", "--ignore-eos", "--raw", "the moon"]
+    assert main(["generate", "--threads", "1", *args]) == 0
+    assert "1 CPU thread (--threads)" in " ".join(capsys.readouterr().out.split())  # the table's title, maybe wrapped
+    assert run_json(capsys, "--threads", "1", *args)["threads"] == 1
+
+
 def test_calc_marks_best_k(capsys):
     assert main(["calc", "--alpha", "0.8", "--k", "4", "--c", "0.1"]) == 0
     out = capsys.readouterr().out

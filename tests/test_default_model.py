@@ -23,8 +23,7 @@ NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def runtime():
     before = torch.get_num_threads()
-    torch.set_num_threads(2)  # a real model: matmuls big enough for both cores
-    yield build_runtime("default", "lookup", device="cpu", backend="hf")
+    yield build_runtime("default", "lookup", device="cpu", backend="hf", threads=2)  # a real model: both cores
     torch.set_num_threads(before)
 
 

@@ -6,8 +6,8 @@ import torch
 from specdec.drafters import NoDrafter, make_drafter
 from specdec.drafters.combined import LookupThenHead, shipped_head_for, shipped_heads
 from specdec.engine import GenerationConfig
+from specdec.models.cpu_matrix import packs_on_cpu
 from specdec.models.loader import LoadedModel
-from specdec.models.llama_net import packs_on_cpu
 from specdec.runtime import build_runtime
 
 pytestmark = [pytest.mark.slow,

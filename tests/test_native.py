@@ -1,5 +1,7 @@
 """The native Llama-family backend computes what transformers computes, and its cache rolls back."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -156,7 +158,7 @@ def test_backend_choice(monkeypatch):
     from transformers import GPT2LMHeadModel
 
     from specdec.errors import ModelLoadError
-    from specdec.models import llama_net
+    from specdec.models import cpu_matrix
     from specdec.models.loader import load_model, wrap_backend
 
     model = hf_model("llama-tied")
@@ -164,10 +166,11 @@ def test_backend_choice(monkeypatch):
     auto = wrap_backend(model, "x", "auto")  # fp32 on a CPU with oneDNN: native, prepacked
     assert isinstance(auto, NativeLlama) and auto.net.layers[0].packed and auto.model is model
     # bf16 on a CPU: native where the CPU multiplies bf16 in hardware, else transformers.
-    monkeypatch.setattr(llama_net, "has_bf16_units", lambda: False)
+    here = cpu_matrix.CpuCaps.here()
+    monkeypatch.setattr(cpu_matrix.CpuCaps, "here", classmethod(lambda cls: replace(here, bf16_units=False)))
     assert isinstance(wrap_backend(model.to(torch.bfloat16), "x", "auto"), HFCausalLM)
-    if llama_net.can_pack(torch.bfloat16):
-        monkeypatch.setattr(llama_net, "has_bf16_units", lambda: True)
+    if here.onednn_bf16:
+        monkeypatch.setattr(cpu_matrix.CpuCaps, "here", classmethod(lambda cls: replace(here, bf16_units=True)))
         auto = wrap_backend(model, "x", "auto")
         assert isinstance(auto, NativeLlama) and auto.net.layers[0].packed["w13"].packed.dtype == torch.bfloat16
     model.float()
@@ -178,102 +181,3 @@ def test_backend_choice(monkeypatch):
         wrap_backend(gpt2, "g", "native")
     with pytest.raises(ModelLoadError, match="unknown backend"):
         load_model("default", backend="fast")
-
-
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
-@pytest.mark.parametrize("shape", [(96, 32), (32, 96)])
-@pytest.mark.parametrize("single_row", ["layout", "packed"])
-def test_cpu_matrix_computes_linear_in_every_layout(shape, single_row):
-    from specdec.models.llama_net import CpuMatrix, linear
-
-    gen = torch.Generator().manual_seed(0)
-    w, b = torch.randn(shape, generator=gen), torch.randn(shape[0], generator=gen)
-    m = CpuMatrix(w, single_row=single_row)
-    # wide outputs read a transposed copy for one row; narrow ones keep [out, in]; 'packed' neither
-    assert m.transposed == (single_row == "layout" and shape[0] >= shape[1])
-    for few_rows in (0, 3):  # rows 2..few_rows read [out, in] (tune_few_rows' choice)
-        m.plain, m.few_rows = w, few_rows
-        for rows in (1, 2, 4):
-            x = torch.randn(rows, shape[1], generator=gen)
-            torch.testing.assert_close(linear(x, m), torch.nn.functional.linear(x, w), atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(linear(x, m, b), torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="single_row"):
-        CpuMatrix(w, single_row="fast")
-
-
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
-def test_few_row_layout_is_chosen_by_timing_and_can_be_forced(monkeypatch):
-    """pack_for_cpu times F.linear on [out, in] against prepacked for short passes and keeps the
-    plain copies only when they are used; SPECDEC_CPU_FEW_ROWS forces the choice, and the logits of
-    short verify passes are the same (fp32 tolerance) whichever layout reads them."""
-    model = hf_model("llama-untied")
-    timed = NativeLlama.from_hf(model, "timed", max_length=64)
-    mats = [m for block in timed.net.layers for m in block.packed.values()] + [timed.net._packed_lm]
-    assert 0 <= timed.net.few_rows <= 8
-    assert all(m.few_rows == timed.net.few_rows and (m.plain is not None) == (m.few_rows > 0) for m in mats)
-    monkeypatch.setenv("SPECDEC_CPU_FEW_ROWS", "0")
-    packed = NativeLlama.from_hf(model, "packed", max_length=64)
-    monkeypatch.setenv("SPECDEC_CPU_FEW_ROWS", "4")
-    plain = NativeLlama.from_hf(model, "plain", max_length=64)
-    assert (packed.net.few_rows, plain.net.few_rows) == (0, 4)
-    assert plain.net.layers[0].packed["wqkv"].plain is not None and packed.net._packed_lm.plain is None
-    tokens = torch.randint(0, SMALL["vocab_size"], (16,), generator=torch.Generator().manual_seed(3))
-    assert_same_steps(packed, plain, tokens, [6, 2, 3, 4, 1])
-
-
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
-def test_few_rows_reports_what_it_applied_and_checks_the_override(monkeypatch):
-    from specdec.models.llama_net import CpuMatrix, tune_few_rows
-
-    w = torch.randn(48, 16)
-    monkeypatch.setenv("SPECDEC_CPU_FEW_ROWS", "4")
-    packed_only = CpuMatrix(w, single_row="packed")  # no [out, in] copy kept: nothing to apply
-    assert tune_few_rows([packed_only]) == 0 and packed_only.few_rows == 0
-    kept = CpuMatrix(w, keep_plain=True)
-    assert tune_few_rows([kept]) == 4 and kept.few_rows == 4 and kept.plain is not None
-    for bad in ("-1", "auto"):
-        monkeypatch.setenv("SPECDEC_CPU_FEW_ROWS", bad)
-        with pytest.raises(ValueError, match="SPECDEC_CPU_FEW_ROWS must be a whole number"):
-            tune_few_rows([CpuMatrix(w, keep_plain=True)])
-
-
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
-def test_large_models_keep_one_copy_on_a_cpu(monkeypatch):
-    """The single-row copies are made only while they are small; otherwise every step reads the
-    prepacked matrices, and the logits are the same either way (within fp32 tolerance)."""
-    from specdec.models import llama_net
-
-    model = hf_model("llama-untied")
-    monkeypatch.setenv("SPECDEC_CPU_SINGLE_ROW", "layout")  # keep the copies even where prepacked is faster
-    small = NativeLlama.from_hf(model, "small", max_length=64)
-    monkeypatch.setattr(llama_net, "SINGLE_ROW_COPY_BYTES", 0)
-    large = NativeLlama.from_hf(model, "large", max_length=64)
-    assert small.net.layers[0].packed["w13"].one_row is not None
-    assert large.net.layers[0].packed["w13"].one_row is None and large.net._packed_lm.single_packed
-    tokens = torch.randint(0, SMALL["vocab_size"], (12,), generator=torch.Generator().manual_seed(2))
-    assert_same_steps(small, large, tokens, [8, 1, 1, 2])
-
-
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
-def test_single_row_layout_is_chosen_by_timing_and_can_be_forced(monkeypatch):
-    """A single-token step reads the single-row copies or the prepacked matrices, whichever timing
-    at load finds faster (SPECDEC_CPU_SINGLE_ROW forces it); prepacked drops the copies, and the
-    logits agree either way (fp32 tolerance)."""
-    from specdec.models.llama_net import CpuMatrix, tune_single_row
-
-    model = hf_model("llama-untied")
-    timed = NativeLlama.from_hf(model, "timed", max_length=64)
-    assert timed.net.single_row in ("layout", "packed")
-    mats = [m for block in timed.net.layers for m in block.packed.values()] + [timed.net._packed_lm]
-    assert all((m.one_row is None) == (timed.net.single_row == "packed") for m in mats)
-    forced = {}
-    for choice in ("layout", "packed"):
-        monkeypatch.setenv("SPECDEC_CPU_SINGLE_ROW", choice)
-        forced[choice] = NativeLlama.from_hf(model, choice, max_length=64)
-        assert forced[choice].net.single_row == choice
-    assert forced["packed"].net._packed_lm.single_packed and forced["layout"].net._packed_lm.one_row is not None
-    tokens = torch.randint(0, SMALL["vocab_size"], (12,), generator=torch.Generator().manual_seed(5))
-    assert_same_steps(forced["layout"], forced["packed"], tokens, [6, 1, 1, 2, 1])
-    monkeypatch.setenv("SPECDEC_CPU_SINGLE_ROW", "fastest")
-    with pytest.raises(ValueError, match="SPECDEC_CPU_SINGLE_ROW must be one of"):
-        tune_single_row([CpuMatrix(torch.randn(8, 4))])

@@ -7,19 +7,23 @@ import torch
 
 from specdec.drafters import ModelDrafter, NoDrafter
 from specdec.engine import Engine, GenerationConfig
-from specdec.models import llama_net
-from specdec.models.llama_net import ATTN_SPAN, can_pack
+from specdec.models import cpu_matrix, llama_net
+from specdec.models.cpu_matrix import BF16_PACK_ROWS, CpuLayout, can_pack
+from specdec.models.llama_net import ATTN_SPAN
 from specdec.models.native_llama import NativeLlama
 from tests.conftest import tiny_llama
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.bfloat16), reason="oneDNN without bf16 on this CPU")
 
 
+BF16 = CpuLayout(one_row="packed", pack_rows=BF16_PACK_ROWS, slice_bf16=True)  # choose_layout's bf16 layout
+
+
 def packed_bf16(seed: int, layers: int = 2) -> NativeLlama:
     hf = tiny_llama(seed, layers=layers, scale=8.0).model.to(torch.bfloat16)
     model = NativeLlama.from_hf(hf, f"bf16-{seed}", max_length=2 * ATTN_SPAN + 64)
     if not model.net.layers[0].packed:  # a CPU without bf16 units: pack anyway, to test the path
-        model.net.pack_for_cpu()
+        model.net.pack_for_cpu(BF16)
     assert model.net.layers[0].packed["wqkv"].packed.dtype == torch.bfloat16
     return model
 
@@ -59,16 +63,16 @@ def row_wise(w: torch.Tensor):
 
 def test_rows_alike_tells_a_row_count_dependent_product():
     w = torch.randn(8, 24, generator=torch.Generator().manual_seed(0))
-    assert llama_net.rows_alike(row_wise(w), 24, torch.float32)
+    assert cpu_matrix.rows_alike(row_wise(w), 24, torch.float32)
     shifted = row_wise(w)
-    assert not llama_net.rows_alike(lambda x: shifted(x) + (x.shape[0] > 1) * 1e-3, 24, torch.float32)
+    assert not cpu_matrix.rows_alike(lambda x: shifted(x) + (x.shape[0] > 1) * 1e-3, 24, torch.float32)
 
 
 def test_sliced_bf16_matrix_computes_the_product():
     gen = torch.Generator().manual_seed(1)
     w, x = torch.randn(40, 96, generator=gen).bfloat16(), torch.randn(5, 96, generator=gen).bfloat16()
     bias = torch.randn(40, generator=gen).bfloat16()
-    sliced = llama_net.CpuMatrix(w, llama_net.BF16_PACK_ROWS, single_row="packed", k_chunk=32)
+    sliced = cpu_matrix.CpuMatrix(w, BF16, k_chunk=32)
     assert len(sliced.chunks) == 3 and sliced.packed is None
     ref = x.float() @ w.float().T + bias.float()
     torch.testing.assert_close(sliced(x, bias).float(), ref, atol=0.3, rtol=0.02)
@@ -76,24 +80,24 @@ def test_sliced_bf16_matrix_computes_the_product():
 
 def test_pack_slices_the_shapes_whose_rows_differ(monkeypatch, caplog):
     """Where a bf16 matrix's rows differ by row count (as a CPU's oneDNN did for 1536 inputs), it is
-    prepacked in input slices that are alike; where no slicing helps, the net is not row_exact."""
-    monkeypatch.setattr(llama_net, "BF16_K_CHUNKS", (32, 16))
+    prepacked in input slices that are alike; where no slicing helps, the net is not row_count_invariant."""
+    monkeypatch.setattr(cpu_matrix, "BF16_K_CHUNKS", (32, 16))
     # pretend that the one-piece product of the down projection (64 inputs) differs by row count
-    monkeypatch.setattr(llama_net, "rows_alike", lambda m, k, dtype: m.k_chunk > 0 or k < 64)
+    monkeypatch.setattr(cpu_matrix, "rows_alike", lambda m, k, dtype: m.k_chunk > 0 or k < 64)
     model = packed_bf16(0)
     assert model.net.layers[0].packed["w2"].k_chunk == 32 and model.net.layers[0].packed["w13"].k_chunk == 0
-    assert model.net.row_exact
+    assert model.net.row_count_invariant
     reference = NativeLlama.from_hf(tiny_llama(0, scale=8.0).model.to(torch.bfloat16), "plain", max_length=64,
                                     pack=False)
     tokens = torch.tensor([5, 17, 3, 42, 8])
     torch.testing.assert_close(model.prefill(tokens), reference.prefill(tokens), atol=0.1, rtol=0.05)
-    monkeypatch.setattr(llama_net, "rows_alike", lambda m, k, dtype: False)
-    assert not packed_bf16(0).net.row_exact
+    monkeypatch.setattr(cpu_matrix, "rows_alike", lambda m, k, dtype: False)
+    assert not packed_bf16(0).net.row_count_invariant
     assert "differ by row count" in caplog.text
 
 
 def test_verify_passes_attend_token_by_token_where_rows_must_match():
-    """A row_exact pass of several tokens calls attention once per token, with a single step's
+    """A row_count_invariant pass of several tokens calls attention once per token, with a single step's
     shapes (SDPA over several tokens' rows, even as a batch, gave some rows other bits on one
     CPU); the result is the batched attention's, closely."""
     model = packed_bf16(0)
@@ -112,5 +116,5 @@ def test_verify_passes_attend_token_by_token_where_rows_must_match():
     one_token = torch.Size([1, model.arch.n_kv_heads, model.arch.group, model.arch.head_dim])
     assert calls == [one_token] * (5 * model.arch.n_layers)
     model.rollback(20)
-    model.net.row_exact = False  # the batched attention, for comparison
+    model.net.row_count_invariant = False  # the batched attention, for comparison
     torch.testing.assert_close(model.forward(tokens[20:25]), by_token, atol=0.05, rtol=0.02)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specdec.drafters import DEFAULT_DRAFT, Drafter, make_drafter
 from specdec.engine import Engine
 from specdec.errors import InvalidRequestError
+from specdec.models.cpu_threads import CpuThreads, use_threads
 from specdec.models.loader import LoadedModel, load_model
 
 
@@ -15,6 +16,7 @@ class Runtime:
     target: LoadedModel
     drafter: Drafter
     engine: Engine
+    threads: CpuThreads = field(default_factory=lambda: CpuThreads(0, "not chosen by build_runtime"))
 
     @property
     def tokenizer(self):
@@ -34,7 +36,7 @@ class Runtime:
 
     def with_drafter(self, drafter: Drafter) -> "Runtime":
         """The same target behind another drafter (e.g. `none`, for the plain-decoding baseline)."""
-        return Runtime(self.target, drafter, engine_for(self.target, drafter))
+        return Runtime(self.target, drafter, engine_for(self.target, drafter), self.threads)
 
 
 def eos_ids(loaded: LoadedModel) -> set[int]:
@@ -55,10 +57,13 @@ def engine_for(target: LoadedModel, drafter: Drafter) -> Engine:
 
 
 def build_runtime(target: str = "default", draft: str = DEFAULT_DRAFT, device: str | None = None,
-                  dtype: str | None = None, draft_dtype: str | None = None, backend: str = "auto") -> Runtime:
+                  dtype: str | None = None, draft_dtype: str | None = None, backend: str = "auto",
+                  threads: int | None = None) -> Runtime:
+    """threads: torch's CPU threads (None: cpu_threads.pick_threads' choice), set before anything loads."""
+    chosen = use_threads(threads)
     loaded = load_model(target, device=device, dtype=dtype, backend=backend)
     drafter = make_drafter(draft, loaded, dtype=draft_dtype or dtype)
-    return Runtime(loaded, drafter, engine_for(loaded, drafter))
+    return Runtime(loaded, drafter, engine_for(loaded, drafter), chosen)
 
 
 def require_prompt(prompt: str) -> None:

@@ -24,17 +24,15 @@ DEFAULT_PROMPTS = [
 
 
 def add_bench_flags(parser: argparse.ArgumentParser, draft_default: str | None = "lookup") -> None:
-    """--target/--draft/--device/--dtype, --threads, and the output flags."""
+    """--target/--draft/--device/--dtype/--threads (add_model_flags), and the output flags."""
     add_model_flags(parser, draft_default=draft_default or "none")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     add_output_flags(parser)
 
 
 def setup(args: argparse.Namespace) -> None:
-    import torch
+    from specdec.models.cpu_threads import use_threads
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    use_threads(getattr(args, "threads", None))
 
 
 def load_target(args: argparse.Namespace):

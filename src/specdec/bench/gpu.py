@@ -35,7 +35,7 @@ def add_flags(p) -> None:
     p.add_argument("--out-dir", default=os.environ.get("OUT", "results"), help="where the JSON goes")
     p.add_argument("--context", type=int, default=512, help="prompt length for the decode timings")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens per generation in the engine runs")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: the cores less the busy ones)")
     p.add_argument("--kernels", choices=["auto", "triton", "torch"], default="auto",
                    help="native step kernels for the main runs (both are timed side by side anyway)")
     p.add_argument("--no-hf-compile", action="store_true", help="skip transformers' static cache + compile row")
@@ -498,17 +498,18 @@ def run_cpu(args) -> int:
     from specdec.drafters.none import NoDrafter
     from specdec.engine import Engine, GenerationConfig
     from specdec.models.loader import load_model
+    from specdec.models.cpu_matrix import CpuLayout
+    from specdec.models.cpu_threads import use_threads
     from specdec.models.llama_net import build_net, load_hf_state
     from specdec.models.native_llama import NativeLlama
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads or None)
     loaded = load_model("default", device="cpu", backend="hf")
     hf = loaded.model.model
     native = NativeLlama.from_hf(hf, loaded.name, max_length=1024)
-    # the single-row layout before CpuMatrix: every step through the oneDNN-prepacked matrices
+    # the other single-row layout: every step through the oneDNN-prepacked matrices
     before = NativeLlama.from_hf(hf, loaded.name + " prepacked", max_length=1024, pack=False)
-    before.net.pack_for_cpu(single_row="packed")
+    before.net.pack_for_cpu(CpuLayout(one_row="packed"))
     bf16_net = build_net(native.arch, native.net.slots, native.device, torch.bfloat16)
     load_hf_state(bf16_net, hf.state_dict())  # copy_ rounds the fp32 weights; hf stays fp32
     native_bf16 = NativeLlama(bf16_net, loaded.name + " bf16", max_length=1024)
@@ -546,7 +547,7 @@ def run_cpu(args) -> int:
             same = same and out[0, len(prompt):len(prompt) + cut].tolist() == gen.token_ids[:cut]
     res = {"machine": machine_name(), "torch": torch.__version__, "model": loaded.name, "new_tokens": n,
            "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
-           "native_single_row": native.net.single_row, "native_few_rows": native.net.few_rows,
+           "native_one_row": native.net.cpu_layout.one_row, "native_plain_rows": native.net.cpu_layout.plain_rows,
            "native_tokens_per_s": native_tps, "hf_generate_tokens_per_s": hf_tps,
            "ratio_median": statistics.median(a / b for a, b in zip(native_tps, hf_tps)), "same_tokens": same,
            "native_bf16_tokens_per_s": bf16_tps, "native_prepacked_single_row_tokens_per_s": before_tps,
@@ -559,9 +560,9 @@ def run_cpu(args) -> int:
     print(f"CPU ({res['machine']}, {res['threads']} threads, load average {res['load_average'][0]:.1f}), "
           f"{loaded.name}, {n} new tokens, greedy, A/B alternating:")
     print(f"  native path (engine, no draft): {statistics.median(native_tps):6.1f} tok/s  {native_tps}"
-          f"  (one-row steps read: {native.net.single_row}, timed at load)")
+          f"  (one-row steps read: {native.net.cpu_layout.one_row}, cpu_matrix.choose_layout)")
     print(f"  native, every step prepacked:   {statistics.median(before_tps):6.1f} tok/s  {before_tps}"
-          f"  (the single-row layout before; layout gain {res['layout_gain_median']:.2f}x)")
+          f"  (layout gain {res['layout_gain_median']:.2f}x)")
     print(f"  transformers generate():        {statistics.median(hf_tps):6.1f} tok/s  {hf_tps}")
     print(f"  ratio native / generate:        {res['ratio_median']:6.2f}x   same tokens: {same}")
     print(f"  native path in bf16 weights:    {statistics.median(bf16_tps):6.1f} tok/s  {bf16_tps}"

@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     require_prompt(prompt)  # before the model loads: a bad request should cost nothing
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling_params(args),
                               stop=tuple(args.stop), ignore_eos=args.ignore_eos)
-    runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype, backend=args.backend)
+    runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype, backend=args.backend,
+                            threads=args.threads)
     prompt_ids = runtime.encode(prompt, chat=not args.raw)
     console = _console(args.json)
 
@@ -83,6 +84,8 @@ def _report(args, runtime, text: str, generation, baseline) -> dict:
         "target": runtime.target.name,
         "draft": runtime.drafter.name,
         "k": args.k,
+        "threads": runtime.threads.count,
+        "threads_why": runtime.threads.why,
         "stats": stats.to_dict(),
     }
     if baseline is not None:
@@ -100,8 +103,11 @@ def _report(args, runtime, text: str, generation, baseline) -> dict:
 def _print_stats(console, report: dict) -> None:
     from rich.table import Table
 
+    from specdec.models.cpu_threads import CpuThreads
+
     s = report["stats"]
-    table = Table(title=f"target {report['target']}  draft {report['draft']}  K={report['k']}",
+    threads = CpuThreads(report["threads"], report["threads_why"]).describe()
+    table = Table(title=f"target {report['target']}  draft {report['draft']}  K={report['k']}  {threads}",
                   show_header=False, title_justify="left")
     table.add_row("generated tokens", str(s["generated"]))
     table.add_row("rounds", str(s["rounds"]))

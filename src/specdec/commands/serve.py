@@ -26,8 +26,6 @@ def register(sub) -> None:
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the target's name)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to finish requests in flight (default: %(default)s)")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch CPU threads (default: torch's choice; 1 is faster on a busy small CPU)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
 
@@ -41,7 +39,7 @@ def build_state(args: argparse.Namespace):
     if args.max_queue < 0:
         raise InvalidRequestError(f"--max-queue must be >= 0, got {args.max_queue}")
     runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype,
-                            backend=getattr(args, "backend", "auto"))
+                            backend=getattr(args, "backend", "auto"), threads=getattr(args, "threads", None))
     runtimes = {args.draft: runtime}
     for name in EXTRA_DRAFTERS:
         if name not in runtimes:
@@ -56,12 +54,9 @@ def run(args: argparse.Namespace) -> int:
 
     from specdec.server.app import create_app
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     state = build_state(args)
-    print(f"specdec: serving {state.config.model_name!r} (draft {args.draft}, K={args.k}) "
+    threads = state.default_runtime.threads
+    print(f"specdec: serving {state.config.model_name!r} (draft {args.draft}, K={args.k}, {threads.describe()}) "
           f"at http://{args.host}:{args.port}/ ; API at /v1", flush=True)
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.graceful_timeout)

@@ -31,7 +31,7 @@ from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.drafters.head_policy import HeadCard, HeadPolicy, TargetIdentity, card_from_metadata, card_metadata
 from specdec.errors import InvalidRequestError, ModelLoadError
 from specdec.models.base import check_feature_layers
-from specdec.models.llama_net import CpuMatrix, can_pack, linear
+from specdec.models.cpu_matrix import CpuLayout, CpuMatrix, can_pack, linear
 from specdec.sampling import SamplingParams, sample, warp_logits
 
 
@@ -305,7 +305,7 @@ class HeadDrafter(Drafter):
         self.lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D] runtime copy of the drafted rows
         # On a CPU the drafted rows are held transposed, the faster single-row layout (CpuMatrix).
         if self.device.type == "cpu" and can_pack():
-            self.lm_sub = CpuMatrix(self.lm_sub, multi_rows=0)
+            self.lm_sub = CpuMatrix(self.lm_sub, CpuLayout(one_row="plain", pack_rows=0))
         shape = (1, c.num_kv_heads, max_length, c.head_dim)
         self._k = torch.zeros(shape, device=self.device)
         self._v = torch.zeros(shape, device=self.device)

@@ -114,7 +114,7 @@ def wrap_backend(hf, name: str, backend: str = "auto", megakernel: bool = False)
     """The native backend for supported Llama-family models (unless `hf` is asked for), else HFCausalLM;
     with megakernel, the native backend whose single-token steps run as models/megakernel.py."""
     from specdec.models.llama_config import unsupported_reason
-    from specdec.models.llama_net import packs_on_cpu
+    from specdec.models.cpu_matrix import packs_on_cpu
 
     reason = unsupported_reason(hf.config)
     if backend == "auto":

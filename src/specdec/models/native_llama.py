@@ -40,7 +40,6 @@ from specdec.models.llama_net import (
     init_random,
     layer_step,
     load_hf_state,
-    packs_on_cpu,
 )
 
 log = logging.getLogger(__name__)
@@ -132,8 +131,8 @@ class NativeLlama(CausalLM):
         model = cls(net, name, max_length, **options)
         if model.device.type == "cpu":
             net.embed.weight = weight  # the kept model's own table: no second copy
-            if pack is not False and packs_on_cpu(weight.dtype) and not model.fused_kernels:
-                net.pack_for_cpu()
+            if pack is not False and not model.fused_kernels:
+                net.pack_for_cpu()  # the layout cpu_matrix.choose_layout picks for this CPU (or none)
             model.model = hf_model
         return model
 
@@ -154,8 +153,8 @@ class NativeLlama(CausalLM):
 
     @property
     def cheap_verify_rows(self) -> bool:
-        """On a CPU: with bf16 matrices prepacked (pack_for_cpu, row_exact), 1-16 rows cost about the same."""
-        return self.device.type != "cpu" or self.net.row_exact
+        """On a CPU: with bf16 matrices prepacked (pack_for_cpu, row_count_invariant), 1-16 rows cost about the same."""
+        return self.device.type != "cpu" or self.net.row_count_invariant
 
     @property
     def verify_rows_match_steps(self) -> bool:
