@@ -2,6 +2,8 @@
 same product, and a packed net decodes the same greedy tokens as a plain one; the thread count
 leaves busy cores out."""
 
+import os
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from specdec.engine import Engine, GenerationConfig
 from specdec.models.cpu_matrix import (
     BF16_PACK_ROWS, PLAIN_ROWS_AMX, CpuCaps, CpuLayout, CpuMatrix, choose_layout, linear,
 )
-from specdec.models.cpu_threads import pick_threads
+from specdec.models.cpu_threads import busy_cores, pick_threads
 from specdec.models.native_llama import NativeLlama
 from tests.conftest import tiny_llama
 
@@ -98,13 +100,17 @@ def test_from_hf_packs_once_with_the_policy_of_this_cpu():
         model.net.pack_for_cpu()
 
 
-@pytest.mark.parametrize("cores, load, want", [(2, 0.2, 2), (2, 1.4, 1), (2, 5.0, 1), (8, 2.6, 5), (1, 0.0, 1)])
-def test_threads_leave_the_busy_cores_out(cores, load, want):
-    assert pick_threads(None, cores, load).count == want
+@pytest.mark.parametrize("cores, busy, want", [(2, 0.2, 2), (2, 1.4, 1), (2, 5.0, 1), (8, 2.6, 5), (1, 0.0, 1)])
+def test_threads_leave_the_busy_cores_out(cores, busy, want):
+    assert pick_threads(None, cores, busy).count == want
+
+
+def test_busy_cores_reads_a_share_of_the_machine():
+    assert 0.0 <= busy_cores(0.05) <= (os.cpu_count() or 1)
 
 
 def test_threads_asked_for_win():
     assert pick_threads(3, 2, 1.9).count == 3 and "--threads" in pick_threads(3, 2, 1.9).why
     assert pick_threads(None, 2, 1.9, omp_env="2").count == 2
     assert pick_threads(None, 2, 0.0, omp_env="").count == 2  # an empty OMP_NUM_THREADS is unset
-    assert "load average 1.9" in pick_threads(None, 2, 1.9).describe()
+    assert "1.9 busy" in pick_threads(None, 2, 1.9).describe()

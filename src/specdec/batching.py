@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from specdec.clock import token_tensor
+from specdec.transfers import token_tensor
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
 from specdec.engine import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError

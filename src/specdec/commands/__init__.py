@@ -32,7 +32,7 @@ def add_model_flags(parser: argparse.ArgumentParser, draft_default: str | None =
                              "fp32, or in bf16 where the CPU has bf16 units) (default: %(default)s)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="CPU threads for torch (default: $OMP_NUM_THREADS if set, else the cores this process "
-                             "may use less those the load average says are busy, at least 1)")
+                             "may use less those other processes keep busy now, at least 1)")
 
 
 def add_k_flag(parser: argparse.ArgumentParser, default: int = 4, note: str = "") -> None:
