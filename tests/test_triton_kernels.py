@@ -11,7 +11,7 @@ from specdec.drafters.lookup import LookupDrafter  # noqa: E402
 from specdec.drafters.none import NoDrafter  # noqa: E402
 from specdec.engine import Engine, GenerationConfig  # noqa: E402
 from specdec.models.llama_net import rms_norm, rotate  # noqa: E402
-from specdec.models.native_llama import NativeLlama  # noqa: E402
+from specdec.models.native_llama import NativeLlama, NativeOptions  # noqa: E402
 from tests.test_native import SMALL, assert_same_steps, hf_model  # noqa: E402
 
 GEN = torch.Generator().manual_seed(0)
@@ -23,6 +23,8 @@ def randn(*shape):
 
 # A model the fused kernels take: head dim 32 (a q/k/v tile holds 16 columns of each half of a head).
 WIDE = dict(hidden_size=128, intermediate_size=192)
+# The graphed steps through the kernels, as on CUDA (here Triton's interpreter runs them, without capture).
+FUSED = NativeOptions(graphs=True, fused=True)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 17])
@@ -98,8 +100,8 @@ def test_qkv_rope_and_attention_match_torch(bias):
     qkv = rms_norm(x, g, 1e-5) @ w.T + (b if bias else 0)
     q_ref, k_ref, v_ref = qkv.split([n_heads * hd, n_kv * hd, n_kv * hd], dim=-1)
     close = dict(atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(q, rotate(q_ref.view(n, n_heads, hd), cos[pos], sin[pos]).reshape(n, -1), **close)
-    torch.testing.assert_close(k_cache[:, pos], rotate(k_ref.view(n, n_kv, hd), cos[pos], sin[pos]).transpose(0, 1),
+    torch.testing.assert_close(q, rotate(q_ref.view(n, n_heads, hd), cos[pos, None], sin[pos, None]).reshape(n, -1), **close)
+    torch.testing.assert_close(k_cache[:, pos], rotate(k_ref.view(n, n_kv, hd), cos[pos, None], sin[pos, None]).transpose(0, 1),
                                **close)
     torch.testing.assert_close(v_cache[:, pos], v_ref.view(n, n_kv, hd).transpose(0, 1), **close)
 
@@ -115,8 +117,8 @@ def test_qkv_rope_and_attention_match_torch(bias):
 def test_fused_steps_match_the_eager_forward(variant):
     model = hf_model(variant, random_norms=True, **WIDE)
     eager = NativeLlama.from_hf(model, "eager", max_length=64, pack=False)
-    fused = NativeLlama.from_hf(model, "fused", max_length=64, cuda_graphs=True, kernels="triton", pack=False)
-    assert fused.fused_kernels
+    fused = NativeLlama.from_hf(model, "fused", max_length=64, options=FUSED, pack=False)
+    assert fused.options.fused
     tokens = torch.randint(0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(2))
     assert_same_steps(eager, fused, tokens, [20, 1, 5, 1, 2, 3, 7], layers=(0,))
 
@@ -125,8 +127,8 @@ def test_greedy_speculation_through_fused_kernels_equals_plain_greedy():
     """The plumbing of verify steps (positions, cache writes, masks, rollback) through the kernels.
     Under the interpreter NumPy may round a row differently by its place in a 16-row tile, so this
     does not prove bit-identity; `specdec bench gpu` checks that on a GPU (row_invariance)."""
-    model = NativeLlama.from_hf(hf_model("llama-untied", seed=4, **WIDE), "fused", max_length=96, cuda_graphs=True,
-                                kernels="triton", pack=False)
+    model = NativeLlama.from_hf(hf_model("llama-untied", seed=4, **WIDE), "fused", max_length=96, options=FUSED,
+                                pack=False)
     prompt = [5, 9, 13, 5, 9, 13, 5, 9, 13, 5, 9]  # repetitive, so prompt lookup drafts
     config = GenerationConfig(max_new_tokens=24, k=4, ignore_eos=True)
     plain = Engine(model, NoDrafter(model.device)).generate(prompt, config)
@@ -135,29 +137,19 @@ def test_greedy_speculation_through_fused_kernels_equals_plain_greedy():
     assert spec.token_ids == plain.token_ids
 
 
-def test_kernel_choice_is_checked(monkeypatch):
+def test_fused_kernels_are_chosen_by_device_and_shape(monkeypatch):
     model = hf_model("llama-untied", **WIDE)
-    with pytest.raises(ValueError, match="kernels must be auto, triton or torch"):
-        NativeLlama.from_hf(model, "x", max_length=32, kernels="cuda")
-    with pytest.raises(ValueError, match="needs cuda_graphs"):
-        NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=False, kernels="triton")
-    fused = NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=True, kernels="triton")  # pack left default
-    assert fused.fused_kernels and fused.net._packed_lm is None  # the kernels read plain weights
+    assert not NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=True).options.fused  # CUDA only
+    with pytest.raises(ValueError, match="graphs=True"):
+        NativeLlama.from_hf(model, "x", max_length=32, options=NativeOptions(graphs=False, fused=True))
+    fused = NativeLlama.from_hf(model, "x", max_length=32, options=FUSED)  # pack left default
+    assert fused.options.fused and fused.net._packed_lm is None  # the kernels read plain weights
     with pytest.raises(ValueError, match="head dim 16 is not a power of two >= 32"):
-        NativeLlama.from_hf(hf_model("llama-untied"), "x", max_length=32, cuda_graphs=True, kernels="triton")
+        NativeLlama.from_hf(hf_model("llama-untied"), "x", max_length=32, options=FUSED)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="run on CUDA"):
-        NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=True, kernels="triton")
-    assert not NativeLlama.from_hf(model, "x", max_length=32, cuda_graphs=True).fused_kernels  # auto on a CPU
+        NativeLlama.from_hf(model, "x", max_length=32, options=FUSED)
 
 
-def test_programmatic_launch_only_where_supported(monkeypatch):
-    cpu = torch.device("cpu")
-    with triton_ops.programmatic_launch("on"):  # asked for, but no Hopper GPU here: plain launches
-        assert triton_ops.pdl_mode(cpu) == "off"
-    with pytest.raises(ValueError, match="PDL mode"):
-        with triton_ops.programmatic_launch("sometimes"):
-            pass
-    monkeypatch.setenv("SPECDEC_PDL", "maybe")
-    with pytest.raises(ValueError, match="SPECDEC_PDL"):
-        triton_ops.pdl_mode(cpu)
+def test_programmatic_launch_only_where_supported():
+    assert not triton_ops.uses_pdl(torch.device("cpu"))  # no Hopper GPU here (and the interpreter): plain launches

@@ -20,7 +20,6 @@ from pathlib import Path
 
 SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64]
 ALPHAS = [0.6, 0.8, 0.9]
-EXACT_ROWS = 16  # exact mode: every target step runs with this many rows
 
 
 def register(sub) -> None:
@@ -36,8 +35,6 @@ def add_flags(p) -> None:
     p.add_argument("--context", type=int, default=512, help="prompt length for the decode timings")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens per generation in the engine runs")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: the cores less the busy ones)")
-    p.add_argument("--kernels", choices=["auto", "triton", "torch"], default="auto",
-                   help="native step kernels for the main runs (both are timed side by side anyway)")
     p.add_argument("--no-hf-compile", action="store_true", help="skip transformers' static cache + compile row")
     p.add_argument("--draft-megakernel", action="store_true",
                    help="the draft's single-token steps through the megakernel (Hopper; models/megakernel.py)")
@@ -129,7 +126,7 @@ def step_ms(model, prompt, rows: int, reps: int) -> float:
 
 
 # -- models ---------------------------------------------------------------------------------------
-def build_models(smoke: bool, max_length: int, kernels: str = "auto", draft_megakernel: bool = False):
+def build_models(smoke: bool, max_length: int, draft_megakernel: bool = False):
     """HF target (random init), the native target on the same weights, and a native random draft."""
     import torch
     from transformers import LlamaForCausalLM
@@ -147,10 +144,9 @@ def build_models(smoke: bool, max_length: int, kernels: str = "auto", draft_mega
             hf = LlamaForCausalLM(arch.to_hf()).eval()
     finally:
         torch.set_default_dtype(default_dtype)
-    target = NativeLlama.from_hf(hf, "random llama-3.1-8b", max_length=max_length, max_graph_rows=65,
-                                 kernels=kernels)
+    target = NativeLlama.from_hf(hf, "random llama-3.1-8b", max_length=max_length, max_graph_rows=65)
     draft = NativeLlama.random("llama-3.2-1b", max_length=max_length, arch_overrides=overrides, seed=1,
-                               kernels=kernels, megakernel=draft_megakernel)
+                               megakernel=draft_megakernel)
     return hf, target, draft
 
 
@@ -186,55 +182,6 @@ def row_invariance(model, prompt, rows: int = 9) -> dict:
     return {"bitwise_equal": bool(torch.equal(together, apart)),
             "rows_equal": int((together == apart).all(-1).sum()), "rows": rows,
             "max_abs_diff": float((together - apart).abs().max())}
-
-
-# (label, kernels, PDL mode or None for the default): the step variants timed side by side
-KERNEL_VARIANTS = (("torch", "torch", None), ("triton", "triton", None),
-                   ("triton pdl-off", "triton", "off"))
-
-
-def section_kernels(target, draft, prompt, bandwidth_gbs: float, smoke: bool) -> dict:
-    """The same nets through the torch-compiled layer (SDPA) and the fused Triton kernels (launched
-    with the default PDL mode, and without PDL), side by side:
-    step times at 1 and 9 rows, fraction of the copy ceiling, row invariance, how far the logits
-    are from the eager (uncompiled) torch forward, and whether the launch mode changes any bit."""
-    import contextlib
-
-    import torch
-
-    from specdec.models import triton_ops
-    from specdec.models.native_llama import NativeLlama
-
-    reps = 5 if smoke else 30
-    out = {"pdl_default": triton_ops.pdl_mode(target.device)}
-    for label, model in (("target", target), ("draft", draft)):
-        eager = NativeLlama(model.net, "eager", model.max_length, cuda_graphs=False)
-        reference = eager.prefill(prompt)[-4:]
-        eager.rollback(0)
-        nbytes = bytes_per_token(model, len(prompt))
-        out[label] = {}
-        logits = {}
-        for name, kernels, pdl in KERNEL_VARIANTS:
-            launch = triton_ops.programmatic_launch(pdl) if pdl else contextlib.nullcontext()
-            with launch:  # graphs are captured (lazily) inside: the mode is baked into them
-                m = NativeLlama(model.net, f"{model.name} {name}", model.max_length, kernels=kernels)
-                one, nine = step_ms(m, prompt, 1, reps), step_ms(m, prompt, 9, reps)
-                m.rollback(0)
-                m.prefill(prompt[:-4])
-                got = torch.cat([m.forward(prompt[i:i + 1]) for i in range(len(prompt) - 4, len(prompt))])
-                m.rollback(0)
-                rows = row_invariance(m, prompt)
-            logits[name] = got
-            out[label][name] = {
-                "step_ms_1": one, "step_ms_9": nine, "ratio_9": nine / one,
-                "fraction_of_ceiling": nbytes / one / 1e6 / bandwidth_gbs,
-                "rel_err_vs_eager": float((got - reference).norm() / reference.norm()),
-                "row_invariance": rows,
-                "bitwise_equal_to_default_triton": bool(torch.equal(got, logits["triton"])) if kernels == "triton" else None}
-            del m
-    for name, _, _ in KERNEL_VARIANTS:
-        out[f"c_{name}"] = out["draft"][name]["step_ms_1"] / out["target"][name]["step_ms_1"]
-    return out
 
 
 def section_verify_curve(target, draft, prompt, smoke: bool) -> dict:
@@ -300,35 +247,25 @@ def section_oracle(target, draft, prompts, c: float, verify_ratio: dict, new_tok
 
 
 def section_identity(target, draft, prompts, new_tokens: int, k: int) -> dict:
-    """Greedy speculative vs plain output: fused Triton kernels, the torch layer (SDPA), and the
-    torch layer with matmul attention made exact by fixed rows."""
+    """Greedy speculative vs plain output through the target's own step path (the fused Triton
+    kernels where they take the shape), with the oracle drafter at alpha 0.8."""
     from specdec.drafters.none import NoDrafter
     from specdec.drafters.oracle import OracleDrafter
-    from specdec.models.native_llama import NativeLlama
 
-    def variant(kernels, pad_rows=0):
-        return lambda: NativeLlama(target.net, f"{target.name} {kernels}", target.max_length, max_graph_rows=65,
-                                   pad_rows=pad_rows, kernels=kernels)
-
-    out = {"k": k, "prompts": len(prompts), "new_tokens": new_tokens, "oracle_alpha": 0.8}
-    modes = (("triton", variant("triton"), False), ("torch", variant("torch"), False),
-             ("torch exact+matmul-attn", variant("torch", EXACT_ROWS), True))
-    for label, make, math in modes:
-        target.net.math_attention = math  # baked into the graphs captured next
-        model = make()
-        model.capture(1, k + 1)
-        plain, plain_ids = engine_run(model, NoDrafter(model.device), prompts, new_tokens, 1)
-        oracle = OracleDrafter(model, 0.8, draft, horizon=new_tokens, seed=3)
-        for p, ids in zip(prompts, plain_ids):
-            oracle.remember(p.tolist(), ids)
-        spec, spec_ids = engine_run(model, oracle, prompts, new_tokens, k)
-        same = [a == b for a, b in zip(plain_ids, spec_ids)]
-        first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-                      for a, b in zip(plain_ids, spec_ids)]
-        out[label] = {"identity_rate": sum(same) / len(same), "first_divergence": first_diff,
-                      "plain_tokens_per_s": plain["tokens_per_s"], "spec_tokens_per_s": spec["tokens_per_s"],
-                      "spec_alpha": spec["alpha"]}
-    target.net.math_attention = False
+    label = "triton" if target.options.fused else "torch"
+    out = {"k": k, "prompts": len(prompts), "new_tokens": new_tokens, "oracle_alpha": 0.8, "path": label}
+    target.capture(1, k + 1)
+    plain, plain_ids = engine_run(target, NoDrafter(target.device), prompts, new_tokens, 1)
+    oracle = OracleDrafter(target, 0.8, draft, horizon=new_tokens, seed=3)
+    for p, ids in zip(prompts, plain_ids):
+        oracle.remember(p.tolist(), ids)
+    spec, spec_ids = engine_run(target, oracle, prompts, new_tokens, k)
+    same = [a == b for a, b in zip(plain_ids, spec_ids)]
+    first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+                  for a, b in zip(plain_ids, spec_ids)]
+    out[label] = {"identity_rate": sum(same) / len(same), "first_divergence": first_diff,
+                  "plain_tokens_per_s": plain["tokens_per_s"], "spec_tokens_per_s": spec["tokens_per_s"],
+                  "spec_alpha": spec["alpha"]}
     return out
 
 
@@ -408,12 +345,11 @@ def run_gpu(args) -> int:
     save("copy_bandwidth_gbs", copy_bandwidth(0.5 if smoke else 4.0, 5 if smoke else 20))
     new_tokens = 16 if smoke else args.new_tokens
     hf, target, draft = build_models(smoke, max_length=args.context + max(new_tokens, 256) + 128,
-                                     kernels=args.kernels, draft_megakernel=args.draft_megakernel)
+                                     draft_megakernel=args.draft_megakernel)
     save("params", {"target": sum(p.numel() for p in target.net.parameters()),
                     "draft": sum(p.numel() for p in draft.net.parameters())})
     ctx_prompt = random_prompts(1, args.context, target.vocab_size, seed=0)[0]
     save("logits_vs_hf", section_logits(hf, target, ctx_prompt[:128]))
-    save("kernels", section_kernels(target, draft, ctx_prompt, res["copy_bandwidth_gbs"], smoke))
     save("decode", section_decode(target, draft, ctx_prompt, res["copy_bandwidth_gbs"], smoke))
     engine_plain, _ = engine_run(target, NoDrafter(target.device), [ctx_prompt], new_tokens, 1)
     save("decode_through_engine_tps", engine_plain["tokens_per_s"])
@@ -470,23 +406,10 @@ def print_table(res: dict) -> None:
     lines.append(f"bf16 logits vs HF: rel err prefill {lg['prefill_rel_err']:.2e} decode {lg['decode_rel_err']:.2e},"
                  f" argmax agree {lg['decode_argmax_agree']:.0%}; vs fp32: native {lg['native_bf16_vs_fp32_rel_err']:.2e}"
                  f" HF {lg['hf_bf16_vs_fp32_rel_err']:.2e}")
-    kern = res["kernels"]
-    for label in ("target", "draft"):
-        row = kern[label]
-        cells = [f"{name} {row[name]['step_ms_1']:.3f} ms ({row[name]['fraction_of_ceiling']:.0%})"
-                 for name, _, _ in KERNEL_VARIANTS]
-        lines.append(f"{label} step(1): " + "  ".join(cells))
-        lines.append(f"  step(9)/step(1) torch {row['torch']['ratio_9']:.3f} triton {row['triton']['ratio_9']:.3f};"
-                     f" rows bitwise = single steps: torch {row['torch']['row_invariance']['bitwise_equal']}"
-                     f" triton {row['triton']['row_invariance']['bitwise_equal']}; PDL modes bitwise equal: "
-                     f"{all(row[n]['bitwise_equal_to_default_triton'] for n, k, _ in KERNEL_VARIANTS if k == 'triton')}")
-    lines.append(f"c (default PDL {kern['pdl_default']}): " + "  ".join(
-        f"{name} {kern['c_' + name]:.3f}" for name, _, _ in KERNEL_VARIANTS))
-    for mode in ("triton", "torch", "torch exact+matmul-attn"):
-        m = ident[mode]
-        lines.append(f"greedy identity ({mode:23}): {m['identity_rate']:.0%} of {ident['prompts']} prompts, "
-                     f"plain {m['plain_tokens_per_s']:.0f} tok/s, spec(oracle .8, K={ident['k']}) "
-                     f"{m['spec_tokens_per_s']:.0f} tok/s")
+    m = ident[ident["path"]]
+    lines.append(f"greedy identity ({ident['path']}): {m['identity_rate']:.0%} of {ident['prompts']} prompts, "
+                 f"plain {m['plain_tokens_per_s']:.0f} tok/s, spec(oracle .8, K={ident['k']}) "
+                 f"{m['spec_tokens_per_s']:.0f} tok/s")
     print("\n".join(["", "=" * 100] + lines + ["=" * 100]), flush=True)
 
 

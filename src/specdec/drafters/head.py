@@ -32,6 +32,7 @@ from specdec.drafters.head_policy import HeadCard, HeadPolicy, TargetIdentity, c
 from specdec.errors import InvalidRequestError, ModelLoadError
 from specdec.models.base import check_feature_layers
 from specdec.models.cpu_matrix import CpuLayout, CpuMatrix, can_pack, linear
+from specdec.models.llama_net import rms_norm, rotate
 from specdec.sampling import SamplingParams, sample, warp_logits
 
 
@@ -124,23 +125,12 @@ def parse_feature_layers(spec: str, n_layers: int) -> tuple[int, ...]:
                                   f"0..{n_layers - 2}, not {spec!r} ({exc})") from None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, head_dim] for positions [T] (Llama's half-split rotary layout)."""
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
     angles = positions.float()[:, None] * inv[None]  # [T, hd/2]
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, T, hd]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
 
 
 class HeadLayer(nn.Module):
@@ -167,7 +157,7 @@ class HeadLayer(nn.Module):
         q = self.q(h).view(b, t, self.c.num_heads, -1).transpose(1, 2)
         k = self.k(h).view(b, t, self.c.num_kv_heads, -1).transpose(1, 2)
         v = self.v(h).view(b, t, self.c.num_kv_heads, -1).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        return rotate(q, cos, sin), rotate(k, cos, sin), v  # cos, sin [T, hd] broadcast over [B, H, T, hd]
 
     def finish(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                mask: torch.Tensor | None) -> torch.Tensor:

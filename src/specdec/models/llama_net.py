@@ -15,7 +15,6 @@ the CPU's capabilities) and the layers just call `linear(x, w)`.
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
@@ -42,10 +41,11 @@ EXACT_PASS_ROWS = 64  # row-count invariant passes up to this many tokens attend
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in the half-split layout of HF checkpoints. x: [n, heads, hd]; cos, sin: [n, hd]."""
+    """RoPE in the half-split layout of HF checkpoints: x [..., hd]; cos, sin [..., hd] broadcast
+    against x (e.g. x [n, heads, hd] with cos [n, 1, hd]). The reference every copy follows."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
+    return x * cos + rotated * sin
 
 
 def layer_step(
@@ -53,36 +53,29 @@ def layer_step(
     wo: torch.Tensor, bo: torch.Tensor | None, ffn_norm: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
     cos: torch.Tensor, sin: torch.Tensor, kv_len: int, n_heads: int, n_kv_heads: int, eps: float,
-    math_attention: bool = False, token_spans: tuple[int, ...] = (),
+    token_spans: tuple[int, ...] = (),
 ) -> torch.Tensor:
     """One decoder layer on x [n, D]; writes this step's k, v into the cache at `pos` [n].
 
-    A pure function of tensors (the weights are arguments), so that torch.compile traces it once
-    and every layer reuses the same kernels. mask: [G*n, kv_len] additive (0 where the row may
-    attend, -inf elsewhere; built once per step, not per layer), or None when every cached slot up
-    to kv_len may be seen (a single token). math_attention: softmax(q k^T) v as plain matmuls
-    instead of the fused SDPA kernel. token_spans: one SDPA call per token over its own span of
-    slots (its G query rows, the call its single-token step makes), so that a verify pass attends
-    exactly as n single steps would.
+    mask: [G*n, kv_len] additive (0 where the row may attend, -inf elsewhere; built once per step,
+    not per layer), or None when every cached slot up to kv_len may be seen (a single token).
+    cos, sin: [n, hd], the RoPE tables at the tokens' positions. token_spans: one SDPA call per
+    token over its own span of slots (its G query rows, the call its single-token step makes), so
+    that a verify pass attends exactly as n single steps would.
     """
     n = x.shape[0]
     hd = k_cache.shape[-1]
     group = n_heads // n_kv_heads
     qkv = linear(rms_norm(x, attn_norm, eps), wqkv, bqkv)  # [n, (H + 2 Hkv) hd]
     q, k, v = qkv.split([n_heads * hd, n_kv_heads * hd, n_kv_heads * hd], dim=-1)
-    q = rotate(q.view(n, n_heads, hd), cos, sin)
-    k = rotate(k.view(n, n_kv_heads, hd), cos, sin)
-    k_cache[:, pos] = k.transpose(0, 1)  # index_put_: compiles to an in-place scatter
+    q = rotate(q.view(n, n_heads, hd), cos[:, None], sin[:, None])
+    k = rotate(k.view(n, n_kv_heads, hd), cos[:, None], sin[:, None])
+    k_cache[:, pos] = k.transpose(0, 1)
     v_cache[:, pos] = v.view(n, n_kv_heads, hd).transpose(0, 1)
     # GQA without copying the cache: the G query heads of a KV head become G*n query rows.
     q = q.view(n, n_kv_heads, group, hd).permute(1, 2, 0, 3).reshape(1, n_kv_heads, group * n, hd)
     keys, values = k_cache[None, :, :kv_len], v_cache[None, :, :kv_len]  # [1, Hkv, kv_len, hd]
-    if math_attention:
-        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * hd ** -0.5  # [1, Hkv, G*n, kv_len]
-        if mask is not None:
-            scores = scores + mask
-        out = torch.matmul(scores.softmax(-1).to(q.dtype), values)
-    elif token_spans:  # query rows are (g, token): token m's G rows are q[..., g * n + m, :]
+    if token_spans:  # query rows are (g, token): token m's G rows are q[..., g * n + m, :]
         per_token = q.view(1, n_kv_heads, group, n, hd)
         masks = mask.view(group, n, kv_len)
         out = torch.stack([F.scaled_dot_product_attention(per_token[:, :, :, m], keys[:, :, :span], values[:, :, :span],
@@ -97,10 +90,8 @@ def layer_step(
 
 
 class Block(nn.Module):
-    """The weights of one decoder layer, and its KV cache: k, v [Hkv, S, hd].
-
-    One cache tensor per layer, not slices of a shared one, so that the compiled layer mutates
-    a whole graph input in place (a mutated view would be copied back after every step)."""
+    """The weights of one decoder layer, and its KV cache: k, v [Hkv, S, hd] (one tensor per layer,
+    which the fused kernels and the megakernel address directly)."""
 
     def __init__(self, arch: LlamaArch, slots: int):
         super().__init__()
@@ -140,13 +131,6 @@ class LlamaNet(nn.Module):
         # True when every matrix gives a row the same bits at any row count (bf16 prepacked on a
         # CPU): eager attention then keeps that too (forward_eager). Set by pack_for_cpu.
         self.row_count_invariant = False
-        self.layer_fn = layer_step  # replaced by a compiled version for CUDA graphs
-        # True: fixed-shape steps attend with plain matmuls, 10-15% faster per step on an H200 than
-        # SDPA with a mask (benchmarks/gpu_variants.py), but the matmul kernels change with the
-        # number of rows, so verify and single-token logits differ in bf16 and greedy speculative
-        # output drifts from plain output; use it with pad_rows (fixed rows). SDPA rows do not
-        # depend on the row count. Long prefills always use SDPA (no [n, n] scores).
-        self.math_attention = False
 
     @torch.no_grad()
     def reset_buffers(self) -> None:
@@ -197,23 +181,24 @@ class LlamaNet(nn.Module):
                         [shape for shape, k in slices.items() if k is None])
         return layout
 
-    def _run(self, tokens, pos, mask, kv_len, layer_fn, math_attention, norm_fn=rms_norm,
-             lm_fn=linear, capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> logits [n, V] and features [n, (len(capture) + 1) * D]: the outputs of the layers in
-        `capture` (a draft head's multi-layer features), then the final-norm features."""
+    def _run(self, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, kv_len: int,
+             token_spans: tuple[int, ...] = (), capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens, pos [n]; mask and kv_len as layer_step takes them -> logits [n, V] and features
+        [n, (len(capture) + 1) * D]: the outputs of the layers in `capture` (a draft head's
+        multi-layer features), then the final-norm features."""
         a = self.arch
         x = self.embed(tokens)  # [n, D]
         cos, sin = self.cos[pos], self.sin[pos]  # [n, hd]
         captured = []
         for i, layer in enumerate(self.layers):
-            x = layer_fn(x, *layer.weights(), layer.k_cache, layer.v_cache, pos, mask, cos, sin,
-                         kv_len, a.n_heads, a.n_kv_heads, a.norm_eps, math_attention)
+            x = layer_step(x, *layer.weights(), layer.k_cache, layer.v_cache, pos, mask, cos, sin,
+                           kv_len, a.n_heads, a.n_kv_heads, a.norm_eps, token_spans)
             if i in capture:
-                captured.append(x.clone())  # a copy: fused kernels may reuse x's buffer
-        hidden = norm_fn(x, self.norm, a.norm_eps)  # [n, D]
+                captured.append(x)
+        hidden = rms_norm(x, self.norm, a.norm_eps)  # [n, D]
         lm = self.lm_weight() if self._packed_lm is None else self._packed_lm
         features = torch.cat(captured + [hidden], dim=-1) if captured else hidden
-        return lm_fn(hidden, lm), features  # [n, V], [n, (len(capture) + 1) * D]
+        return linear(hidden, lm), features  # [n, V], [n, (len(capture) + 1) * D]
 
     def forward_eager(self, tokens: torch.Tensor, start: int,
                       capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,24 +219,24 @@ class LlamaNet(nn.Module):
             span = self._whole_blocks(span)
         pos = self.slot_ids[start:start + n]
         mask = self._additive_mask(pos, self.slot_ids[:span]) if n > 1 or self.row_count_invariant else None
-        layer_fn = layer_step
+        spans = ()
         if self.row_count_invariant and 1 < n <= EXACT_PASS_ROWS:
             spans = tuple(self._whole_blocks(start + m + 1) for m in range(n))
-            layer_fn = functools.partial(layer_step, token_spans=spans)
-        return self._run(tokens, pos, mask, span, layer_fn, False, capture=capture)
+        return self._run(tokens, pos, mask, span, spans, capture)
 
     def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, fused: bool = False,
                        capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """Fixed shapes for CUDA graphs: tokens, pos [n] (device tensors); attends over all S slots
-        with a mask built on the device, so the host never has to say how long the cache is.
-        fused: the Triton kernels of triton_ops (six per layer, each row computed independently
-        of the row count) instead of layer_fn."""
-        if fused:  # masks by position inside the attention kernel
+        with a mask built on the device, so the host never has to say how long the cache is, and
+        every row goes through the same SDPA call whatever n is. fused: the Triton kernels of
+        triton_ops instead (six per layer, each row computed independently of the row count;
+        they mask by position inside the attention kernel)."""
+        if fused:
             from specdec.models import triton_ops
 
             return triton_ops.forward(self, tokens, pos, capture)
         mask = self._additive_mask(pos, self.slot_ids)  # [G*n, S]
-        return self._run(tokens, pos, mask, self.slots, self.layer_fn, self.math_attention, capture=capture)
+        return self._run(tokens, pos, mask, self.slots, capture=capture)
 
     def _whole_blocks(self, length: int) -> int:
         """The slots a row_count_invariant step attends over for `length` tokens: whole ATTN_SPAN blocks."""

@@ -13,41 +13,36 @@
 //   E  down GEMV + residual
 // then the final norm and the LM head (logits in bf16).
 //
-// Options, each a macro (0 or 1) so that builds can be timed side by side; the host turns all of them
-// on (three barriers a layer then; benchmarks/gpu_megakernel.py adds them one by one):
-//   FLOW   no barrier between A and B: each block counts the q/k/v pairs it finished per KV head
-//          (sync[2 + h]), and an attention item waits only for its own head's count. It loads the
-//          cache rows older than this step before that wait.
+// Three grid barriers a layer, not five, and the rest of the layout measured on an H200 (docs/gpu.md;
+// what was tried and dropped is listed there):
+//   - no barrier between A and B: each block counts the q/k/v pairs it finished per KV head
+//     (sync[2 + h]), and an attention item waits only for its own head's count. It loads the cache
+//     rows older than this step before that wait.
+//   - barriers as one release add and acquire loads.
+//   - no merging block: every block merges all heads' chunk partials (bf16, normalised by their
+//     chunk's sum: half the bytes) as it loads the output projection's input.
+//   - each warp loads its first unit of the next GEMV into registers while a barrier waits, and each
+//     RMSNorm's weights are loaded during the barrier before it, so that after the barrier a norm
+//     waits only for its x.
+//   - blocks start their merge loads and their atomic adds at different rows, so that 132 blocks do
+//     not all ask the same L2 lines at once.
+// Two variants follow the model's shape (megakernel.py says which shapes take them):
 //   FUSED  D and E in one phase, with no barrier: a block's gate/up features feed its own slice of
 //          the down projection's inner dimension (split-K over W2 transposed, contiguous per
 //          feature), added into acc[layer % 2] with vector atomics. The next layer forms
 //          x = resid + acc. fp32 atomics add in any order: the draft's last bits vary run to run
 //          (a draft's numerics never reach the output).
-//   LIGHT  barriers as one release add and acquire loads instead of two full fences.
-//   MERGE  no merging block: every block merges all heads' chunk partials as it loads the output
-//          projection's input (one round of loads instead of a count and two rounds on one block).
-//   EARLY  each warp loads its first unit of the next GEMV into registers while a barrier waits.
-//   PART16 (with MERGE) attention partials as bf16, normalised by their chunk's sum: half the bytes
-//          that every block loads to merge them.
-//   ROT    blocks start their merge loads and their atomic adds at different rows, so that 132 blocks
-//          do not all ask the same L2 lines at once.
-//   WIDE   (with PART16) a merging thread takes 4 or 8 values of one head (one load a chunk) and up to
-//          16 chunks a round; the lanes of a head load one chunk's (max, sum) each and share the
-//          chunks' weights by shuffles. One round of loads up to 16 chunks (1024 positions), where
-//          MERGE takes one per 8.
-//   NORMW  each RMSNorm's weights are loaded into registers during the barrier before it (ahead of the
-//          next GEMV's first unit), so that after the barrier a norm waits only for its x.
-//
-// With PRE > 0, each warp's first PRE units of the next GEMV are bulk-copied (TMA) into shared
-// memory between a barrier's arrival and its wait. On an H200 that made the step slower (1.09 ms
-// against 0.93 at PRE = 0, docs/gpu.md), so PRE defaults to 0.
+//   WIDE   a merging thread takes 4 or 8 values of one head (one load a chunk) and up to MG chunks a
+//          round; the lanes of a head load one chunk's (max, sum) each and share the chunks' weights
+//          by shuffles. One round of loads up to 16 chunks (1024 positions), where the plain merge
+//          takes one per 8. MG narrows where 16 would spill registers.
 //
 // Numerics: fp32 products, bf16 rounding where the torch layer rounds (linear outputs, norms,
 // residual adds, silu); the softmax in fp32. Not bit-equal to the fused Triton kernels: it serves
 // single-token steps of a *draft*, whose numerics never reach the output (the target decides).
 //
-// Compiled at run time by NVRTC, with the model's sizes as macros (D, H, HKV, HD, FF, NT, U, PRE,
-// TIMING, QKV_BIAS, O_BIAS). No headers: bf16 is handled as raw 16-bit patterns.
+// Compiled at run time by NVRTC, with the model's sizes as macros (D, H, HKV, HD, FF, NT, U, QKV_BIAS,
+// O_BIAS, FUSED, WIDE and optionally MG). No headers: bf16 is handled as raw 16-bit patterns.
 
 typedef unsigned short bf16;
 typedef unsigned long long u64;
@@ -58,51 +53,9 @@ typedef unsigned long long u64;
 #define HALF (HD / 2)
 #define XS (FF > D ? (FF > H * HD ? FF : H * HD) : (D > H * HD ? D : H * HD))
 #define NEG_INF __int_as_float(0xff800000)
-#ifndef TIMING
-#define TIMING 0
-#endif
-#ifndef PRE
-#define PRE 0                    // GEMV units per warp copied into shared memory before a barrier
-#endif
-#ifndef FLOW
-#define FLOW 0
-#endif
-#ifndef FUSED
-#define FUSED 0
-#endif
-#ifndef LIGHT
-#define LIGHT 0
-#endif
-#ifndef MERGE
-#define MERGE 0
-#endif
-#ifndef EARLY
-#define EARLY 0
-#endif
-#ifndef PART16
-#define PART16 0
-#endif
-#ifndef ROT
-#define ROT 0
-#endif
-#ifndef WIDE
-#define WIDE 0
-#endif
-#ifndef NORMW
-#define NORMW 0
-#endif
-static_assert(!PART16 || MERGE, "PART16 is a layout of MERGE's partials");
-static_assert(!WIDE || PART16, "WIDE merges PART16's partials");
-#define BARRIERS (5 - FLOW - FUSED)    // grid barriers a layer
-#define ACT_MAX 256                     // FUSED: gate/up features a block may own (FF / grid)
-#define PRE_U4 (PRE * NW * U * 32)     // their 16-byte slots
-#define MARKS (10 * 64)                 // TIMING: where the in-phase marks start (after the barrier stamps)
-#define TIMES (15 * 64 + 2)             // TIMING: stamps per block: 2 per barrier, 5 marks a layer, start, end
-#ifndef ATT_T
+#define BARRIERS (4 - FUSED)     // grid barriers a layer
+#define ACT_MAX 256              // FUSED: gate/up features a block may own (FF / grid)
 #define ATT_T 64                 // cache positions per attention work item
-#endif
-#define MERGE_UNROLL 8           // partial-merge loads in flight per output value
-#define ATT_FLOATS (G * HD + ATT_T * (HD + 1) + ATT_T * HD + G * ATT_T + 2 * G + 4)
 #define WV (H * HD / NT >= 8 ? 8 : 4)  // WIDE: values of one head a merging thread takes (8 or 4 bf16: one load a chunk)
 #define LPH (HD / WV)            // WIDE: lanes that share one head
 #ifndef MG
@@ -126,12 +79,10 @@ struct Params {
   const Layer* layers;
   const bf16 *embed, *final_norm, *lm_head, *cos, *sin;
   const long long *token, *pos;
-  float *resid, *q, *part, *act, *attn, *acc;  // acc: [2][D] down-projection sums (FUSED)
+  float *resid, *q, *part, *act, *acc;  // acc: [2][D] down-projection sums (FUSED)
   bf16 *logits, *hidden;
-  u64* sync;   // [0] barrier arrivals, [1] launches finished, [2 + h] q/k/v pairs of KV head h done (FLOW); all grow forever
+  u64* sync;   // [0] barrier arrivals, [1] launches finished, [2 + h] q/k/v pairs of KV head h done; all grow forever
   int* flag;   // set to 1 if a barrier gave up waiting (the step's results are then garbage)
-  long long* times;  // TIMING builds: per block, %globaltimer at each barrier's arrival and departure
-  int* counts;       // [HKV] attention items finished per KV head (the last one merges and resets it)
   float eps;
   int n_layers, slots, vocab, max_chunks;
 };
@@ -187,18 +138,6 @@ __device__ __forceinline__ u64 ld_acquire(const u64* p) {
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ __forceinline__ long long global_ns() {
-  long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-// TIMING builds: block time stamp `slot` (after a block-wide sync, so the whole block is there).
-__device__ __forceinline__ void mark(const Params& p, int slot) {
-#if TIMING
-  __syncthreads();
-  if (threadIdx.x == 0) p.times[(u64)blockIdx.x * TIMES + MARKS + slot] = global_ns();
-#endif
-}
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -230,13 +169,6 @@ __device__ __forceinline__ float dot8(U4 w, const float* x) {
 // [begin, end) of n items for block b of nb, balanced.
 __device__ __forceinline__ int split(int n, int b, int nb) { return (int)((long long)n * b / nb); }
 
-// TIMING builds: thread 0 stamps %globaltimer into this block's slot.
-__device__ __forceinline__ void stamp(const Params& p, int slot) {
-#if TIMING
-  p.times[(u64)blockIdx.x * TIMES + slot] = global_ns();
-#endif
-}
-
 // Spin (thread 0) until *counter >= target; never hang: give up after a while and flag it.
 __device__ void spin_until(const Params& p, const u64* counter, u64 target) {
   unsigned spins = 0;
@@ -246,38 +178,18 @@ __device__ void spin_until(const Params& p, const u64* counter, u64 target) {
 }
 
 // Grid barrier in two halves: arrivals count up forever; barrier `target` waits for its total. Work that
-// does not depend on the barrier (the next GEMV's weight copies) goes between arrive and wait: after
-// the fence, so that the fence does not wait for those copies. `index` (5 a layer) names its stamps.
-__device__ void arrive(const Params& p, int index) {
+// does not depend on the barrier (the next GEMV's first weights, the next norm's weights) goes between
+// arrive and wait. arrive releases this block's writes (ordered before it by the block barrier).
+__device__ void arrive(const Params& p) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    stamp(p, 2 * index);
-#if LIGHT  // release: this block's writes (ordered before it by the block barrier) are seen first
     asm volatile("red.release.gpu.global.add.u64 [%0], 1;" :: "l"(p.sync) : "memory");
-#else
-    __threadfence();
-    atomicAdd(p.sync, 1ull);
-#endif
   }
 }
 
-__device__ void wait(const Params& p, u64 target, int index) {
-  if (threadIdx.x == 0) {
-    spin_until(p, p.sync, target);
-#if !LIGHT
-    __threadfence();
-#endif
-    stamp(p, 2 * index + 1);
-  }
+__device__ void wait(const Params& p, u64 target) {
+  if (threadIdx.x == 0) spin_until(p, p.sync, target);
   __syncthreads();
-}
-
-// TIMING builds: the stamps of a barrier this build does not have (its wait then reads 0).
-__device__ void no_barrier(const Params& p, int index) {
-#if TIMING
-  __syncthreads();
-  if (threadIdx.x == 0) { stamp(p, 2 * index); stamp(p, 2 * index + 1); }
-#endif
 }
 
 // -- GEMV ----------------------------------------------------------------------------------------
@@ -293,60 +205,19 @@ __device__ __forceinline__ void load_unit(U4* dst, const bf16* W, Map map, int b
   for (int v = 0; v < U; ++v) dst[v] = ldw(src + v * 256);
 }
 
-// Before a barrier: bulk-copy (TMA) each warp's first PRE units of the next GEMV into shared memory:
-// weights do not depend on the barrier, so HBM streams while the barrier waits and the phase starts
-// on chip. A unit is one contiguous 512 * U-byte piece of a row: one copy instruction (issued by
-// warp 0; an mbarrier counts the bytes in). Slot of (unit k of warp w, load v, lane):
-// ((k * NW + w) * U + v) * 32 + lane.
-struct Prefetch {
-  U4* buf;
-  unsigned mbar;   // shared address of the mbarrier
-  unsigned phase;  // parity of its current phase
-  bool pending;    // copies issued and not yet waited for (block-uniform)
-  bool early;      // EARLY: `first` holds this warp's first unit of the next GEMV (block-uniform)
+// While a barrier waits: each warp loads its first unit of the next GEMV (W, n rows through map)
+// into registers, which the GEMV then starts from.
+struct Early {
+  bool ready;  // `first` holds this warp's first unit of the next GEMV (block-uniform)
   U4 first[U];
 };
 
-// EARLY: load this warp's first unit of the next GEMV (W, n rows through map) into pf.first.
 template <int K, typename Map>
-__device__ __forceinline__ void gemv_early(Prefetch& pf, const bf16* W, int n, Map map) {
-#if EARLY
+__device__ __forceinline__ void gemv_early(Early& early, const bf16* W, int n, Map map) {
   constexpr int P = K / 256 / U;
-  static_assert(PRE == 0, "EARLY and PRE both hold the first units");
   const int warp = threadIdx.x >> 5;
-  pf.early = true;
-  if (warp < imin(n, RED / P) * P) load_unit<K>(pf.first, W, map, 0, warp);
-#endif
-}
-
-template <int K, typename Map>
-__device__ __forceinline__ void gemv_begin(Prefetch& pf, const bf16* W, int n, Map map) {
-  constexpr int P = K / 256 / U;
-  const int units = imin(imin(n, RED / P) * P, PRE * NW);
-  pf.pending = units > 0;
-  if (threadIdx.x < 32 && units > 0) {  // warp 0 issues: the byte count first, then a copy per lane
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // after generic writes to the buffer
-    if (threadIdx.x == 0)
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                   :: "r"(pf.mbar), "r"(units * U * 512) : "memory");
-    __syncwarp();
-    for (int u = threadIdx.x; u < units; u += 32) {
-      const int k = u / NW, w = u % NW;  // unit u = w + k * NW is warp w's k-th
-      const bf16* src = W + (u64)map(u / P) * K + (u % P) * U * 256;
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                   :: "r"((unsigned)__cvta_generic_to_shared(pf.buf + (k * NW + w) * U * 32)), "l"(src),
-                      "r"(U * 512), "r"(pf.mbar) : "memory");
-    }
-  }
-}
-
-__device__ __forceinline__ void prefetch_wait(Prefetch& pf) {
-  unsigned done = 0;
-  while (!done)
-    asm volatile("{ .reg .pred ok; mbarrier.try_wait.parity.shared::cta.b64 ok, [%1], %2; selp.u32 %0, 1, 0, ok; }"
-                 : "=r"(done) : "r"(pf.mbar), "r"(pf.phase) : "memory");
-  pf.phase ^= 1u;
-  pf.pending = false;
+  early.ready = true;
+  if (warp < imin(n, RED / P) * P) load_unit<K>(early.first, W, map, 0, warp);
 }
 
 template <int K>
@@ -361,37 +232,25 @@ __device__ __forceinline__ float unit_dot(const U4* w, const float* xs, int unit
 
 template <int K, typename Map, typename Epi>
 __device__ void gemv(const bf16* __restrict__ W, const float* xs, int n, Map map, float* red, float* outs,
-                     Prefetch& pf, Epi epi) {
+                     Early& early, Epi epi) {
   constexpr int P = K / 256 / U;
   constexpr int BATCH = RED / P;
-  const U4* pre = pf.buf;
   static_assert(K % (256 * U) == 0, "a row must be a whole number of units");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int b0 = 0; b0 < n; b0 += BATCH) {
     const int rows = imin(BATCH, n - b0), units = rows * P;
     const int mine = units > warp ? (units - warp + NW - 1) / NW : 0;  // this warp's units: warp + k NW
-    const int k0 = b0 == 0 && pf.pending ? imin(PRE, mine) : 0;        // the first k0 are in `pre`
     U4 cur[U], nxt[U];
-    if (b0 == 0 && pf.early) {
+    if (b0 == 0 && early.ready) {
       if (mine > 0) {
 #pragma unroll
-        for (int v = 0; v < U; ++v) cur[v] = pf.first[v];
+        for (int v = 0; v < U; ++v) cur[v] = early.first[v];
       }
-      pf.early = false;
-    } else if (k0 < mine) {
-      load_unit<K>(cur, W, map, b0, warp + k0 * NW);  // in flight while those are summed
+      early.ready = false;
+    } else if (0 < mine) {
+      load_unit<K>(cur, W, map, b0, warp);
     }
-    if (b0 == 0 && pf.pending) {
-      prefetch_wait(pf);
-      for (int k = 0; k < k0; ++k) {
-        U4 w[U];
-#pragma unroll
-        for (int v = 0; v < U; ++v) w[v] = pre[((k * NW + warp) * U + v) * 32 + lane];
-        const float s = unit_dot<K>(w, xs, warp + k * NW);
-        if (lane == 0) red[warp + k * NW] = s;
-      }
-    }
-    for (int k = k0; k < mine; ++k) {
+    for (int k = 0; k < mine; ++k) {
       const int u = warp + k * NW;
       if (k + 1 < mine) load_unit<K>(nxt, W, map, b0, u + NW);
       const float s = unit_dot<K>(cur, xs, u);
@@ -416,16 +275,14 @@ __device__ void gemv(const bf16* __restrict__ W, const float* xs, int n, Map map
 // x = bf16(src + bf16(add)), the residual add of a FUSED down projection). All loads are issued
 // before the first use: one memory latency, not D / NT of them.
 #define NORM_PER ((D + NT - 1) / NT)
-struct NormWeights { float w[NORM_PER]; };  // NORMW: a thread's norm weights, loaded before they are needed
+struct NormWeights { float w[NORM_PER]; };  // a thread's norm weights, loaded during the barrier before
 
 __device__ __forceinline__ void norm_weights(NormWeights& nw, const bf16* g) {
-#if NORMW
 #pragma unroll
   for (int t = 0; t < NORM_PER; ++t) {
     const int i = threadIdx.x + t * NT;
     nw.w[t] = i < D ? b2f(g[i]) : 0.f;
   }
-#endif
 }
 
 __device__ __forceinline__ void load_normed(float* xs, const float* src, const bf16* src_b, const float* add,
@@ -436,12 +293,11 @@ __device__ __forceinline__ void load_normed(float* xs, const float* src, const b
   for (int t = 0; t < PER; ++t) {
     const int i = threadIdx.x + t * NT;
     v[t] = 0.f;
-    w[t] = NORMW ? nw.w[t] : 0.f;
+    w[t] = nw.w[t];
     a[t] = 0.f;
     if (i < D) {
       v[t] = src ? ldcg(src + i) : b2f(src_b[i]);
       if (add) a[t] = ldcg(add + i);
-      if (!NORMW) w[t] = b2f(g[i]);
     }
   }
   if (add) {
@@ -485,9 +341,7 @@ __device__ void load_vector(float* xs, const float* src) {
 // floats) and each 4 rows go out as one vector atomic add.
 #define CG (D / 8)
 #define FL (NT / CG)
-#ifndef DB
 #define DB 4  // features a thread has in flight per batch (two batches: this one summed, the next loading)
-#endif
 __device__ void down_partial(const bf16* __restrict__ w2t, const float* act, int f0, int nf, float* red,
                              float* acc) {
   static_assert(!FUSED || (NT % CG == 0 && FL * D <= RED), "FUSED needs D / 8 to divide the block's threads");
@@ -523,7 +377,7 @@ __device__ void down_partial(const bf16* __restrict__ w2t, const float* act, int
   for (int e = 0; e < 8; ++e) red[fl * D + cg * 8 + e] = a[e];
   __syncthreads();
   for (int k = threadIdx.x; k < D / 4; k += NT) {
-    const int r4 = ROT ? (k + blockIdx.x * 32) % (D / 4) : k;
+    const int r4 = (k + blockIdx.x * 32) % (D / 4);
     float t[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -554,11 +408,11 @@ struct RangeMap {
 };
 
 __device__ void phase_qkv(const Params& p, const Layer& L, const float* xs, const float* rope, int pos,
-                          float* red, float* outs, Prefetch& pre) {
+                          float* red, float* outs, Early& early) {
   constexpr int PAIRS = (H + 2 * HKV) * HALF;
   const int p0 = split(PAIRS, blockIdx.x, gridDim.x), p1 = split(PAIRS, blockIdx.x + 1, gridDim.x);
   const QkvMap map{p0};
-  gemv<D>(L.wqkv, xs, 2 * (p1 - p0), map, red, outs, pre, [&](int b0, int rows, const float* o) {
+  gemv<D>(L.wqkv, xs, 2 * (p1 - p0), map, red, outs, early, [&](int b0, int rows, const float* o) {
     for (int i = threadIdx.x; i < rows / 2; i += NT) {
       const int lr = b0 + 2 * i, pair = p0 + lr / 2, hs = pair / HALF, j = pair % HALF;
       float a = o[2 * i], b = o[2 * i + 1];
@@ -588,7 +442,7 @@ __device__ void phase_qkv(const Params& p, const Layer& L, const float* xs, cons
   });
 }
 
-// FLOW: after the q/k/v phase, add this block's finished pairs [q0, q1) to their KV heads' counts
+// After the q/k/v phase, add this block's finished pairs [q0, q1) to their KV heads' counts
 // (sync[2 + h]; a head's q slots, its k slot and its v slot). Cumulative fence first: the q values
 // and cache rows written by the whole block are visible before any count.
 __device__ void count_qkv_pairs(const Params& p, int q0, int q1) {
@@ -603,53 +457,9 @@ __device__ void count_qkv_pairs(const Params& p, int q0, int q1) {
   }
 }
 
-// The last item of a KV head to finish merges its chunks: attn[h * HD + d] for its G query heads.
-__device__ void merge_head(const Params& p, int kvh, int nch, float* sm) {
-  float* mstat = sm;                     // [G][nch]
-  float* weight = mstat + G * nch;       // [G][nch]
-  float* lsum = weight + G * nch;        // [G][nch]
-  float* inv = lsum + G * nch;           // [G]
-  const float* part = p.part + (u64)kvh * G * p.max_chunks * HD;                   // [G][chunks][HD]
-  const float* stats = p.part + (u64)H * p.max_chunks * HD + (u64)kvh * G * p.max_chunks * 2;  // [G][chunks][2]
-  for (int i = threadIdx.x; i < G * nch; i += NT) {
-    const float* at = stats + ((u64)(i / nch) * p.max_chunks + i % nch) * 2;
-    const float m = ldcg(at), l = ldcg(at + 1);
-    mstat[i] = m;
-    lsum[i] = l;
-  }
-  __syncthreads();
-  for (int g = threadIdx.x; g < G; g += NT) {
-    float m = NEG_INF;
-    for (int c = 0; c < nch; ++c) m = fmaxf(m, mstat[g * nch + c]);
-    float l = 0.f;
-    for (int c = 0; c < nch; ++c) {
-      const float w = exp2f(mstat[g * nch + c] - m);
-      weight[g * nch + c] = w;
-      l += w * lsum[g * nch + c];
-    }
-    inv[g] = 1.f / l;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < G * HD; i += NT) {
-    const int g = i / HD, d = i % HD;
-    float acc = 0.f;
-    for (int c0 = 0; c0 < nch; c0 += MERGE_UNROLL) {
-      float v[MERGE_UNROLL];
-#pragma unroll
-      for (int u = 0; u < MERGE_UNROLL; ++u)
-        v[u] = c0 + u < nch ? ldcg(part + ((u64)g * p.max_chunks + c0 + u) * HD + d) : 0.f;
-#pragma unroll
-      for (int u = 0; u < MERGE_UNROLL; ++u)
-        if (c0 + u < nch) acc = fmaf(weight[g * nch + c0 + u], v[u], acc);
-    }
-    p.attn[(kvh * G + g) * HD + d] = rb(acc * inv[g]);
-  }
-  __syncthreads();
-}
-
 // One work item = one KV head over ATT_T cache positions, for its G query heads: its online-softmax
-// partial (acc, max, sum) goes to p.part; the KV head's last item merges them (merge_head).
-// FLOW: an item first loads the cache rows older than `pos` (written by earlier steps), then waits
+// partial (its mean, bf16; max and sum) goes to p.part, which every block merges as it loads the
+// output projection's input (load_merged). An item first loads the cache rows older than `pos` (written by earlier steps), then waits
 // until its head's q/k/v pairs are all done (count `flow_target`), then loads q and row `pos`.
 __device__ void phase_attention(const Params& p, const Layer& L, int pos, float* sm, u64 flow_target) {
   float* qs = sm;                        // [G][HD]
@@ -657,8 +467,6 @@ __device__ void phase_attention(const Params& p, const Layer& L, int pos, float*
   float* vs = ks + ATT_T * (HD + 1);     // [ATT_T][HD]
   float* ps = vs + ATT_T * HD;           // [G][ATT_T]
   float* stat = ps + G * ATT_T;          // [G][2]
-  int* last = (int*)(stat + 2 * G);
-  float* merge = sm + ATT_FLOATS;        // merge_head's scratch
   const float scale_log2 = 1.4426950408889634f * rsqrtf((float)HD);
   const int nch = (pos + ATT_T) / ATT_T;
   constexpr int VEC = ATT_T * HD / 8;    // 16-byte pieces of a K (or V) chunk
@@ -674,13 +482,12 @@ __device__ void phase_attention(const Params& p, const Layer& L, int pos, float*
       const U4 zero = {0u, 0u, 0u, 0u};
       kv[t] = zero;
       vv[t] = zero;
-      if (i < VEC && base + r < pos + (FLOW ? 0 : 1)) {
+      if (i < VEC && base + r < pos) {
         const u64 at = ((u64)kvh * p.slots + base + r) * HD + c;
         kv[t] = ldcg4(L.k_cache + at);
         vv[t] = ldcg4(L.v_cache + at);
       }
     }
-#if FLOW
     if (threadIdx.x == 0) spin_until(p, p.sync + 2 + kvh, flow_target);
     __syncthreads();
 #pragma unroll
@@ -692,7 +499,6 @@ __device__ void phase_attention(const Params& p, const Layer& L, int pos, float*
         vv[t] = ldcg4(L.v_cache + at);
       }
     }
-#endif
 #pragma unroll
     for (int t = 0; t < QPER; ++t) {
       const int i = threadIdx.x + t * NT;
@@ -750,11 +556,7 @@ __device__ void phase_attention(const Params& p, const Layer& L, int pos, float*
       float a = 0.f;
       for (int r = 0; r < ATT_T; ++r) a = fmaf(ps[g * ATT_T + r], vs[r * HD + d], a);
       const u64 slot = (u64)(kvh * G + g) * p.max_chunks + ch;  // acc [H][chunks][HD], then (max, sum) [H][chunks][2]
-#if PART16
       ((bf16*)p.part)[slot * HD + d] = f2b(a / stat[2 * g + 1]);  // a chunk's sum is >= 1 (its max's term)
-#else
-      p.part[slot * HD + d] = a;
-#endif
       if (d == 0) {
         float* st = p.part + (u64)H * p.max_chunks * HD + slot * 2;
         st[0] = stat[2 * g];
@@ -762,33 +564,19 @@ __device__ void phase_attention(const Params& p, const Layer& L, int pos, float*
       }
     }
     __syncthreads();
-#if !MERGE
-    if (threadIdx.x == 0) {  // the last of this head's items to finish merges them
-      __threadfence();
-      *last = atomicAdd(p.counts + kvh, 1) == nch - 1;
-      __threadfence();
-    }
-    __syncthreads();
-    if (*last) {
-      merge_head(p, kvh, nch, merge);
-      if (threadIdx.x == 0) p.counts[kvh] = 0;  // every item of this head has counted: ready for the next layer
-    }
-    __syncthreads();
-#endif
   }
 }
 
-// MERGE: xs[h * HD + d] = query head h's attention output, merged from its chunks' partials as the
-// output projection loads its input. Every block merges every head: one round of loads, where a
-// merging block costs a count and two rounds. A thread takes 4 consecutive d of one head, chunks 8
+// xs[h * HD + d] = query head h's attention output, merged from its chunks' partials as the output
+// projection loads its input. Every block merges every head: one round of loads, where one merging
+// block would cost a count and two rounds. A thread takes 4 consecutive d of one head, chunks 8
 // at a time (rescaled between groups as an online softmax does; one group up to 8 * ATT_T positions).
 __device__ void load_merged(const Params& p, float* xs, int nch) {
   constexpr int QUADS = H * HD / 4;
   const float* stats = p.part + (u64)H * p.max_chunks * HD;
   for (int k = threadIdx.x; k < QUADS; k += NT) {
-    const int qd = ROT ? (k + blockIdx.x * 32) % QUADS : k;
+    const int qd = (k + blockIdx.x * 32) % QUADS;
     const int hq = qd / (HD / 4), d = (qd % (HD / 4)) * 4;
-    const float* acc = p.part + (u64)hq * p.max_chunks * HD + d;
     const bf16* acc16 = (const bf16*)p.part + (u64)hq * p.max_chunks * HD + d;
     const float* st = stats + (u64)hq * p.max_chunks * 2;
     float M = NEG_INF, L = 0.f, A[4] = {0.f, 0.f, 0.f, 0.f};
@@ -801,12 +589,8 @@ __device__ void load_merged(const Params& p, float* xs, int nch) {
         l[u] = 0.f;
         v[u] = F4{0.f, 0.f, 0.f, 0.f};
         if (c0 + u < nch) {
-#if PART16
           const uint2 h = ldcg_u2(acc16 + (u64)(c0 + u) * HD);
           v[u] = F4{lo(h.x), hi(h.x), lo(h.y), hi(h.y)};
-#else
-          v[u] = ldcg_f4(acc + (u64)(c0 + u) * HD);
-#endif
           m[u] = ldcg(st + 2 * (c0 + u));
           l[u] = ldcg(st + 2 * (c0 + u) + 1);
         }
@@ -821,13 +605,8 @@ __device__ void load_merged(const Params& p, float* xs, int nch) {
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
         if (c0 + u < nch) {
-#if PART16
           const float w = exp2f(m[u] - top) * l[u];  // v is the chunk's mean: weigh it by the chunk's sum
           L += w;
-#else
-          const float w = exp2f(m[u] - top);
-          L += w * l[u];
-#endif
           A[0] = fmaf(w, v[u].x, A[0]); A[1] = fmaf(w, v[u].y, A[1]);
           A[2] = fmaf(w, v[u].z, A[2]); A[3] = fmaf(w, v[u].w, A[3]);
         }
@@ -860,7 +639,7 @@ __device__ void load_merged_wide(const Params& p, float* xs, int nch) {
   const float* stats = p.part + (u64)H * p.max_chunks * HD;
   const int sub = threadIdx.x % LPH;
   for (int k = threadIdx.x; k < PIECES; k += NT) {  // warp-uniform: PIECES is a multiple of 32
-    const int od = ROT ? (k + blockIdx.x * 32) % PIECES : k;
+    const int od = (k + blockIdx.x * 32) % PIECES;
     const int hq = od / LPH, d = (od % LPH) * WV;
     const bf16* acc16 = (const bf16*)p.part + (u64)hq * p.max_chunks * HD + d;
     const float* st = stats + (u64)hq * p.max_chunks * 2;
@@ -918,21 +697,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
   float* scratch = outs + RED;           // block sums
   float* rope = scratch + 32;            // cos, sin at this step's position [2][HD]
   float* act_s = rope + 2 * HD;          // FUSED: this block's gate/up features [ACT_MAX]
-  float* att = act_s + ACT_MAX;          // attention and merge scratch ...
+  float* att = act_s + ACT_MAX;          // attention scratch (phase_attention)
   __shared__ u64 s_launch;
-  __shared__ alignas(8) u64 s_mbar;
-  Prefetch pre{(U4*)att, (unsigned)__cvta_generic_to_shared(&s_mbar), 0u, false, false, {}};  // att: 16-byte aligned
-  if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(pre.mbar) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  Early early{false, {}};
   if (threadIdx.x == 0) s_launch = ld_acquire(p.sync + 1);
   __syncthreads();
   const u64 nb = gridDim.x, launch = s_launch;
   u64 barrier = launch * BARRIERS * p.n_layers;
-#if TIMING
-  if (threadIdx.x == 0) p.times[(u64)blockIdx.x * TIMES + TIMES - 2] = global_ns();
-#endif
   const int pos = (int)p.pos[0];
   for (int i = threadIdx.x; i < HD; i += NT) {
     rope[i] = b2f(p.cos[(u64)pos * HD + i]);
@@ -947,8 +718,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
   const int q0 = split(PAIRS, b, B), q1 = split(PAIRS, b + 1, B);
   NormWeights nw;
   norm_weights(nw, p.layers[0].attn_norm);
-  gemv_begin<D>(pre, p.layers[0].wqkv, 2 * (q1 - q0), QkvMap{q0});
-  gemv_early<D>(pre, p.layers[0].wqkv, 2 * (q1 - q0), QkvMap{q0});
+  gemv_early<D>(early, p.layers[0].wqkv, 2 * (q1 - q0), QkvMap{q0});
 
   for (int l = 0; l < p.n_layers; ++l) {
     const Layer& L = p.layers[l];
@@ -958,34 +728,21 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
     const float* acc_before = head || !FUSED ? nullptr : p.acc + ((l + 1) & 1) * D;
     // A: norm, q/k/v, RoPE, cache
     load_normed(xs, head ? nullptr : p.resid, emb, acc_before, L.attn_norm, p.eps, scratch, nw);
-    mark(p, 5 * l);
-    phase_qkv(p, L, xs, rope, pos, red, outs, pre);
-    mark(p, 5 * l + 1);
-#if FLOW
+    phase_qkv(p, L, xs, rope, pos, red, outs, early);
     count_qkv_pairs(p, q0, q1);
-    no_barrier(p, 5 * l);
-#else
-    ++barrier;
-    arrive(p, 5 * l);
-    wait(p, barrier * nb, 5 * l);
-#endif
     // B: attention
     phase_attention(p, L, pos, att, (launch * p.n_layers + l + 1) * (u64)((G + 2) * HALF));
     ++barrier;
-    arrive(p, 5 * l + 1);
-    gemv_begin<H * HD>(pre, L.wo, o1 - o0, RangeMap{o0});
-    gemv_early<H * HD>(pre, L.wo, o1 - o0, RangeMap{o0});
-    wait(p, barrier * nb, 5 * l + 1);
+    arrive(p);
+    gemv_early<H * HD>(early, L.wo, o1 - o0, RangeMap{o0});
+    wait(p, barrier * nb);
     // C: output projection, residual
 #if WIDE
     load_merged_wide(p, xs, (pos + ATT_T) / ATT_T);
-#elif MERGE
-    load_merged(p, xs, (pos + ATT_T) / ATT_T);
 #else
-    load_vector<H * HD>(xs, p.attn);
+    load_merged(p, xs, (pos + ATT_T) / ATT_T);
 #endif
-    mark(p, 5 * l + 2);
-    gemv<H * HD>(L.wo, xs, o1 - o0, RangeMap{o0}, red, outs, pre, [&](int b0, int rows, const float* o) {
+    gemv<H * HD>(L.wo, xs, o1 - o0, RangeMap{o0}, red, outs, early, [&](int b0, int rows, const float* o) {
       for (int i = threadIdx.x; i < rows; i += NT) {
         const int r = o0 + b0 + i;
         float y = o[i];
@@ -999,15 +756,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
       }
     });
     ++barrier;
-    arrive(p, 5 * l + 2);
+    arrive(p);
     norm_weights(nw, L.ffn_norm);
-    gemv_begin<D>(pre, L.w13, 2 * (f1 - f0), PairMap{f0});
-    gemv_early<D>(pre, L.w13, 2 * (f1 - f0), PairMap{f0});
-    wait(p, barrier * nb, 5 * l + 2);
+    gemv_early<D>(early, L.w13, 2 * (f1 - f0), PairMap{f0});
+    wait(p, barrier * nb);
     // D: norm, gate/up, SwiGLU
     load_normed(xs, p.resid, nullptr, nullptr, L.ffn_norm, p.eps, scratch, nw);
-    mark(p, 5 * l + 3);
-    gemv<D>(L.w13, xs, 2 * (f1 - f0), PairMap{f0}, red, outs, pre, [&](int b0, int rows, const float* o) {
+    gemv<D>(L.w13, xs, 2 * (f1 - f0), PairMap{f0}, red, outs, early, [&](int b0, int rows, const float* o) {
       for (int i = threadIdx.x; i < rows / 2; i += NT) {
         const float g = rb(o[2 * i]), u = rb(o[2 * i + 1]);
         const float a = rb(rb(g / (1.f + expf(-g))) * u);
@@ -1017,19 +772,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
     });
 #if FUSED
     // E: this block's split-K part of the down projection, straight from its own features
-    no_barrier(p, 5 * l + 3);
-    mark(p, 5 * l + 4);
     down_partial(L.w2t, act_s, f0, f1 - f0, red, acc_now);
 #else
     ++barrier;
-    arrive(p, 5 * l + 3);
-    gemv_begin<FF>(pre, L.w2, o1 - o0, RangeMap{o0});
-    gemv_early<FF>(pre, L.w2, o1 - o0, RangeMap{o0});
-    wait(p, barrier * nb, 5 * l + 3);
+    arrive(p);
+    gemv_early<FF>(early, L.w2, o1 - o0, RangeMap{o0});
+    wait(p, barrier * nb);
     // E: down projection, residual
     load_vector<FF>(xs, p.act);
-    mark(p, 5 * l + 4);
-    gemv<FF>(L.w2, xs, o1 - o0, RangeMap{o0}, red, outs, pre, [&](int b0, int rows, const float* o) {
+    gemv<FF>(L.w2, xs, o1 - o0, RangeMap{o0}, red, outs, early, [&](int b0, int rows, const float* o) {
       for (int i = threadIdx.x; i < rows; i += NT) {
         const int r = o0 + b0 + i;
         p.resid[r] = rb(ldcg(p.resid + r) + rb(o[i]));
@@ -1037,16 +788,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
     });
 #endif
     ++barrier;
-    arrive(p, 5 * l + 4);
+    arrive(p);
     norm_weights(nw, l + 1 < p.n_layers ? p.layers[l + 1].attn_norm : p.final_norm);
     if (l + 1 < p.n_layers) {
-      gemv_begin<D>(pre, p.layers[l + 1].wqkv, 2 * (q1 - q0), QkvMap{q0});
-      gemv_early<D>(pre, p.layers[l + 1].wqkv, 2 * (q1 - q0), QkvMap{q0});
+      gemv_early<D>(early, p.layers[l + 1].wqkv, 2 * (q1 - q0), QkvMap{q0});
     } else {
-      gemv_begin<D>(pre, p.lm_head, v1 - v0, RangeMap{v0});
-      gemv_early<D>(pre, p.lm_head, v1 - v0, RangeMap{v0});
+      gemv_early<D>(early, p.lm_head, v1 - v0, RangeMap{v0});
     }
-    wait(p, barrier * nb, 5 * l + 4);
+    wait(p, barrier * nb);
   }
   // The final norm and the LM head.
   if (b == 0 && threadIdx.x == 0) atomicAdd(p.sync + 1, 1ull);  // every block has read the launch count
@@ -1054,10 +803,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) megakernel_step(Params p) {
               scratch, nw);
   if (b == 0)
     for (int i = threadIdx.x; i < D; i += NT) p.hidden[i] = f2b(xs[i]);
-  gemv<D>(p.lm_head, xs, v1 - v0, RangeMap{v0}, red, outs, pre, [&](int b0, int rows, const float* o) {
+  gemv<D>(p.lm_head, xs, v1 - v0, RangeMap{v0}, red, outs, early, [&](int b0, int rows, const float* o) {
     for (int i = threadIdx.x; i < rows; i += NT) p.logits[v0 + b0 + i] = f2b(o[i]);
   });
-#if TIMING
-  if (threadIdx.x == 0) p.times[(u64)blockIdx.x * TIMES + TIMES - 1] = global_ns();
-#endif
 }

@@ -2,11 +2,12 @@
 
 The fused Triton path runs a step as six kernels a layer; on an H200 the 1B shape's small matrices
 then stream at 35-59% of the copy ceiling, because every kernel fills and drains the memory pipe
-(docs/gpu.md, "Why c stays at 0.23"). The megakernel keeps one block on every SM for the whole step.
-With all its options (megakernel.cu's header) a layer has three grid barriers instead of five, and
-on an H200 its 1B-shape step is 0.793 ms as graph replays against 0.932 for the Triton kernels
-side by side (benchmarks/gpu_megakernel.py), and 0.808 against 0.942 ms in `specdec bench gpu
---draft-megakernel`, through NativeLlama.forward (docs/gpu.md, "A CUDA megakernel").
+(docs/gpu.md). The megakernel keeps one block on every SM for the whole step, with three grid
+barriers a layer (megakernel.cu's header says how); on an H200 its 1B-shape step is 0.808 ms against
+0.942 for the Triton kernels in `specdec bench gpu --draft-megakernel`, through NativeLlama.forward.
+Two of its variants follow the model's shape: FUSED (gate/up and a split-K down projection in one
+phase) where `fused_unsupported` allows it, WIDE (wide merge rounds) where `wide_unsupported` does,
+with its merge rounds narrowed where the widest would spill registers.
 Its logits are not bit-equal to the Triton kernels' (another reduction order), so it is for draft
 models only: a draft's numerics never reach the output, since the target's verify pass decides
 every token. `NativeLlama(megakernel=True)` uses it for single-token steps and the engine refuses
@@ -33,17 +34,9 @@ SOURCE = Path(__file__).with_name("megakernel.cu")
 THREADS = 512
 MERGE_ROUNDS = (16, 8, 4)  # WIDE: chunks merged per round of loads, widest first (the first that does not spill)
 LOADS_IN_FLIGHT = (4, 2, 1)  # 16-byte weight loads per lane in a GEMV unit (two units in flight): the first that fits
-TIMES, MARKS = 15 * 64 + 2, 10 * 64  # as in megakernel.cu
 RED, ATT_T, ACT_MAX = 4096, 64, 256  # as in megakernel.cu
 GUARD, GUARD_VALUE = 65536, -12345.0  # floats after the attention partials, and what they hold
 _LAYER_FIELDS = ("wqkv", "bqkv", "wo", "bo", "attn_norm", "ffn_norm", "w13", "w2", "w2t", "k_cache", "v_cache")
-# Options of megakernel.cu (its header says what each does), all on by default: FLOW (per-head counts
-# between q/k/v and attention), FUSED (gate/up and a split-K down projection in one phase), LIGHT
-# (release/acquire barriers), MERGE (every block merges the attention partials), EARLY (the next GEMV's
-# first unit loaded during a barrier), PART16 (bf16 partials), ROT (blocks start shared loads and
-# atomics at different rows), WIDE (one round of merge loads, up to 16 chunks), NORMW (norm weights
-# loaded during the barrier before). benchmarks/gpu_megakernel.py times them against each other.
-OPTIONS = ("FLOW", "FUSED", "LIGHT", "MERGE", "EARLY", "PART16", "ROT", "WIDE", "NORMW")
 
 
 class _Params(ctypes.Structure):
@@ -51,7 +44,7 @@ class _Params(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_void_p) for name in (
         "layers", "embed", "final_norm", "lm_head", "cos", "sin", "token", "pos",
-        "resid", "q", "part", "act", "attn", "acc", "logits", "hidden", "sync", "flag", "times", "counts")] + \
+        "resid", "q", "part", "act", "acc", "logits", "hidden", "sync", "flag")] + \
         [("eps", ctypes.c_float)] + \
         [(name, ctypes.c_int) for name in ("n_layers", "slots", "vocab", "max_chunks")]
 
@@ -140,18 +133,12 @@ def default_loads(arch) -> int:
     return next(u for u in LOADS_IN_FLIGHT if all(n % (256 * u) == 0 for n in _widths(arch).values()))
 
 
-def macros(arch, loads_in_flight: int | None = None, timing: bool = False,
-           options: tuple[str, ...] = OPTIONS) -> dict[str, int]:
-    """The kernel's compile-time sizes and options. PRE (units bulk-copied into shared memory before
-    each barrier, slower on an H200: docs/gpu.md) is 0; `extra` in MegakernelStep can set it, without EARLY."""
-    unknown = set(options) - set(OPTIONS)
-    if unknown:
-        raise ValueError(f"megakernel options are {OPTIONS}, not {sorted(unknown)}")
-    loads_in_flight = loads_in_flight or default_loads(arch)
-    return {"PRE": 0, "D": arch.dim, "H": arch.n_heads, "HKV": arch.n_kv_heads, "HD": arch.head_dim,
-            "FF": arch.intermediate, "NT": THREADS, "U": loads_in_flight, "TIMING": int(timing),
+def macros(arch, grid: int) -> dict[str, int]:
+    """The kernel's compile-time sizes, and the variants this shape takes on `grid` blocks."""
+    return {"D": arch.dim, "H": arch.n_heads, "HKV": arch.n_kv_heads, "HD": arch.head_dim,
+            "FF": arch.intermediate, "NT": THREADS, "U": default_loads(arch),
             "QKV_BIAS": int(arch.qkv_bias), "O_BIAS": int(arch.out_bias),
-            **{name: int(name in options) for name in OPTIONS}}
+            "FUSED": int(fused_unsupported(arch, grid) is None), "WIDE": int(wide_unsupported(arch) is None)}
 
 
 def fused_unsupported(arch, grid: int) -> str | None:
@@ -168,24 +155,15 @@ def merge_values(arch) -> int:
     return 8 if arch.n_heads * arch.head_dim // THREADS >= 8 else 4
 
 
-def head_options_unsupported(arch) -> dict[str, str]:
-    """WIDE (megakernel.cu's header) splits a head's values into lanes of 4 or 8: whether this head
-    shape cannot take it, and why (the kernel then runs without it)."""
+def wide_unsupported(arch) -> str | None:
+    """WIDE (megakernel.cu's header) splits a head's values into lanes of 4 or 8: why this head shape
+    cannot take it, or None (without it the kernel merges 4 values a thread, 8 chunks a round)."""
     values = merge_values(arch)
     share = arch.head_dim // values
     if arch.head_dim % values or share & (share - 1) or share > 32 or (arch.n_heads * share) % 32:
-        return {"WIDE": f"WIDE needs a head dim that splits into 1-32 lanes (a power of two) of {values} values "
-                        f"and heads x lanes a multiple of 32 ({arch.n_heads} x {arch.head_dim})"}
-    return {}
-
-
-def unsupported_options(arch, grid: int) -> dict[str, str]:
-    """The options this shape cannot take on `grid` blocks, each with its reason."""
-    out = head_options_unsupported(arch)
-    fused = fused_unsupported(arch, grid)
-    if fused:
-        out["FUSED"] = fused
-    return out
+        return (f"WIDE needs a head dim that splits into 1-32 lanes (a power of two) of {values} values "
+                f"and heads x lanes a multiple of 32 ({arch.n_heads} x {arch.head_dim})")
+    return None
 
 
 @functools.cache
@@ -250,66 +228,62 @@ class MegakernelStep:
     (logits [1, V] bf16, final-norm features [1, D]). Its outputs and scratch live here, so one
     instance serves one captured graph. Launches use every SM: nothing may run beside it."""
 
-    def __init__(self, net, loads_in_flight: int | None = None, timing: bool = False,
-                 options: tuple[str, ...] | None = None, extra: dict | None = None):
+    def __init__(self, net):
         arch, device = net.arch, net.slot_ids.device
         reason = unavailable(arch, device)
         if reason is None and net.embed.weight.dtype != torch.bfloat16:
             reason = f"the megakernel runs bf16 weights (these are {net.embed.weight.dtype})"
         if reason:
             raise ValueError(reason)
-        grid = self._grid(device)
-        refused = unsupported_options(arch, grid)
-        if options is None:  # all of them, less those the shape does not allow
-            options = tuple(o for o in OPTIONS if o not in refused)
-        for option in options:
-            if option in refused:
-                raise ValueError(refused[option])
-        self.net, self.arch = net, arch
+        self.net, self.arch, self.grid = net, arch, self._grid(device)
+        self.defines = macros(arch, self.grid)
         # FUSED streams W2 transposed ([FF][D]: a block's features are one contiguous range)
-        self.w2t = [block.w2.weight.t().contiguous() for block in net.layers] if "FUSED" in options else []
-        h, hd, g = arch.n_heads, arch.head_dim, arch.n_heads // arch.n_kv_heads
-        defines = {**macros(arch, loads_in_flight, timing, options), **(extra or {})}
-        att_t = defines.get("ATT_T", ATT_T)
-        self.max_chunks = -(-net.slots // att_t)
+        self.w2t = [block.w2.weight.t().contiguous() for block in net.layers] if self.defines["FUSED"] else []
+        self.max_chunks = -(-net.slots // ATT_T)
+        self._allocate(device)
+        self.layers = torch.tensor([[self._ptr(block, name, i) for name in _LAYER_FIELDS]
+                                    for i, block in enumerate(net.layers)],
+                                   dtype=torch.int64, device=device)
+        self.kernel = self._build(torch.cuda.get_device_capability(device))
+        self._params: dict[tuple[int, int], _Params] = {}
+
+    def _allocate(self, device) -> None:
+        """The step's outputs and scratch (fp32 unless said)."""
+        a = self.arch
+        h, hd = a.n_heads, a.head_dim
         f32 = dict(dtype=torch.float32, device=device)
-        self.resid = torch.zeros(arch.dim, **f32)
+        self.resid = torch.zeros(a.dim, **f32)
         self.q = torch.zeros(h * hd, **f32)
-        # attention partials (acc, then max and sum), and a guard after them that no launch may touch
+        # attention partials (means as bf16 in the first half of the acc area, then max and sum), and
+        # a guard after them that no launch may touch
         n_part = h * self.max_chunks * (hd + 2)
         self._part_and_guard = torch.full((n_part + GUARD,), GUARD_VALUE, **f32)
         self.part = self._part_and_guard[:n_part]
         self.part.zero_()
-        self.counts = torch.zeros(arch.n_kv_heads, dtype=torch.int32, device=device)
-        self.act = torch.zeros(arch.intermediate, **f32)
-        self.attn = torch.zeros(h * hd, **f32)
-        self.acc = torch.zeros(2 * arch.dim, **f32)  # FUSED: the down projection's sums, by layer parity
-        self.logits = torch.zeros(1, arch.vocab_size, dtype=torch.bfloat16, device=device)
-        self.hidden = torch.zeros(1, arch.dim, dtype=torch.bfloat16, device=device)
-        self.sync = torch.zeros(2 + arch.n_kv_heads, dtype=torch.int64, device=device)
+        self.act = torch.zeros(a.intermediate, **f32)
+        self.acc = torch.zeros(2 * a.dim, **f32)  # FUSED: the down projection's sums, by layer parity
+        self.logits = torch.zeros(1, a.vocab_size, dtype=torch.bfloat16, device=device)
+        self.hidden = torch.zeros(1, a.dim, dtype=torch.bfloat16, device=device)
+        self.sync = torch.zeros(2 + a.n_kv_heads, dtype=torch.int64, device=device)
         self.flag = torch.zeros(1, dtype=torch.int32, device=device)
-        self.layers = torch.tensor([[self._ptr(block, name, i) for name in _LAYER_FIELDS]
-                                    for i, block in enumerate(net.layers)],
-                                   dtype=torch.int64, device=device)
-        xs = max(arch.dim, arch.intermediate, h * hd)
-        att = g * hd + att_t * (hd + 1) + att_t * hd + g * att_t + 2 * g + 4 + 3 * g * self.max_chunks + g
-        prefetch_bytes = 16 * defines["PRE"] * (THREADS // 32) * defines["U"] * 32
-        shared = 4 * (xs + 2 * RED + 32 + 2 * hd + ACT_MAX) + max(4 * att, prefetch_bytes)
-        self.times = torch.zeros(grid * TIMES if timing else 1, dtype=torch.int64, device=device)
-        torch.cuda.init()
-        capability = torch.cuda.get_device_capability(device)
-        self.kernel = _Kernel(_compile(tuple(sorted(defines.items())), capability), shared)
-        # WIDE: the widest merge round (chunks a round, MG) that does not spill registers; 16 chunks fit
-        # the 1B shape's kernel, the 8B shape's spills with 16 and fits with 8 (ptxas, sm_90)
-        narrower = [n for n in MERGE_ROUNDS if n < min(16, hd // merge_values(arch))]  # the kernel's MG: min(16, lanes)
-        for chunks in narrower if "WIDE" in options and "MG" not in (extra or {}) else ():
-            if self.kernel.attribute(3) == 0:
+
+    def _build(self, capability: tuple[int, int]) -> "_Kernel":
+        """Compile and load the kernel; WIDE takes the widest merge round (chunks a round, MG) that
+        does not spill registers: 16 chunks fit the 1B shape's kernel, the 8B shape's spills with 16
+        and fits with 8 (ptxas, sm_90)."""
+        a = self.arch
+        g, hd = a.n_heads // a.n_kv_heads, a.head_dim
+        xs = max(a.dim, a.intermediate, a.n_heads * hd)
+        att = g * hd + ATT_T * (2 * hd + 1) + g * ATT_T + 2 * g  # phase_attention's q, k, v, scores, stats
+        shared = 4 * (xs + 2 * RED + 32 + 2 * hd + ACT_MAX + att)
+        kernel = _Kernel(_compile(tuple(sorted(self.defines.items())), capability), shared)
+        narrower = [n for n in MERGE_ROUNDS if n < min(16, hd // merge_values(a))]  # the kernel's MG: min(16, lanes)
+        for chunks in narrower if self.defines["WIDE"] else ():
+            if kernel.attribute(3) == 0:  # no local (spill) bytes
                 break
-            defines["MG"] = chunks
-            self.kernel = _Kernel(_compile(tuple(sorted(defines.items())), capability), shared)
-        self.defines = defines
-        self.grid = grid
-        self._params: dict[tuple[int, int], _Params] = {}
+            self.defines["MG"] = chunks
+            kernel = _Kernel(_compile(tuple(sorted(self.defines.items())), capability), shared)
+        return kernel
 
     @staticmethod
     def _grid(device) -> int:
@@ -331,9 +305,9 @@ class MegakernelStep:
                 layers=self.layers.data_ptr(), embed=net.embed.weight.data_ptr(), final_norm=net.norm.data_ptr(),
                 lm_head=net.lm_weight().data_ptr(), cos=net.cos.data_ptr(), sin=net.sin.data_ptr(),
                 token=tokens.data_ptr(), pos=pos.data_ptr(), resid=self.resid.data_ptr(), q=self.q.data_ptr(),
-                part=self.part.data_ptr(), act=self.act.data_ptr(), attn=self.attn.data_ptr(), acc=self.acc.data_ptr(),
+                part=self.part.data_ptr(), act=self.act.data_ptr(), acc=self.acc.data_ptr(),
                 logits=self.logits.data_ptr(), hidden=self.hidden.data_ptr(), sync=self.sync.data_ptr(),
-                flag=self.flag.data_ptr(), times=self.times.data_ptr(), counts=self.counts.data_ptr(),
+                flag=self.flag.data_ptr(),
                 eps=a.norm_eps, n_layers=a.n_layers, slots=net.slots, vocab=a.vocab_size, max_chunks=self.max_chunks)
             self._params[key] = params_struct(fields)
         return self._params[key]
@@ -344,12 +318,6 @@ class MegakernelStep:
         self.kernel.launch(self.grid, self._params_for(tokens, pos), torch.cuda.current_stream().cuda_stream)
         return self.logits, self.hidden
 
-    def reset(self) -> None:
-        """Back to the state of a new instance: counters, and the sums whose buffers alternate across
-        launches (a launch expects the ones its first layer uses to be zero)."""
-        for buffer in (self.sync, self.counts, self.acc, self.flag):
-            buffer.zero_()
-
     def guard_intact(self) -> bool:
         """Whether every launch so far left the floats after the attention partials alone (a check
         on the kernel's partial indexing, which once wrote past them and still gave right logits)."""
@@ -358,31 +326,3 @@ class MegakernelStep:
     def barrier_timed_out(self) -> bool:
         """Whether a launch's grid barrier ever gave up waiting (its step's results are garbage)."""
         return bool(self.flag.item())
-
-    def phase_times(self) -> dict[str, float]:
-        """TIMING builds, after a launch: microseconds per part of a layer, each the mean over blocks
-        of that block's own interval, summed over the layers; `wait` is the time blocks spend in
-        barriers (arrival to departure), `lm_head` and `total` are from the slowest block."""
-        t = self.times.view(self.grid, TIMES).double().cpu() / 1e3
-        layers = self.arch.n_layers
-        arrive, depart = t[:, 0:10 * layers:2], t[:, 1:10 * layers:2]  # [blocks, 5 L]
-        marks = t[:, MARKS:MARKS + 5 * layers]
-        start, end = t[:, TIMES - 2], t[:, TIMES - 1]
-        before = torch.cat([start[:, None], depart[:, :-1]], dim=1)  # each phase's start, per block
-        parts = {"qkv: norm": marks[:, 0::5] - before[:, 0::5], "qkv: gemv+rope": marks[:, 1::5] - marks[:, 0::5],
-                 "attention": arrive[:, 1::5] - before[:, 1::5],
-                 "out: load": marks[:, 2::5] - before[:, 2::5], "out: gemv": arrive[:, 2::5] - marks[:, 2::5],
-                 "gate_up: norm": marks[:, 3::5] - before[:, 3::5], "gate_up: gemv": arrive[:, 3::5] - marks[:, 3::5],
-                 "down: load": marks[:, 4::5] - before[:, 4::5], "down: gemv": arrive[:, 4::5] - marks[:, 4::5],
-                 "wait": depart - arrive}
-        for i, name in enumerate(("qkv", "attention", "out", "gate_up", "down")):
-            parts[f"wait after {name}"] = (depart - arrive)[:, i::5]
-        out = {name: float(v.sum(1).mean()) for name, v in parts.items()}
-        out["lm_head"] = float(end.max() - depart[:, -1].max())
-        out["total"] = float(end.max() - start.min())
-        return out
-
-    def registers(self) -> dict[str, int]:
-        """Registers per thread and local (spill) bytes per thread of the compiled kernel."""
-        return {"registers": self.kernel.attribute(4), "local_bytes": self.kernel.attribute(3),
-                "shared_bytes": self.kernel.shared_bytes}

@@ -2,58 +2,92 @@
 
 Rolling back only moves `cache_len`: the slots after it are overwritten by the next tokens.
 
-On CUDA every forward of n <= max_graph_rows tokens replays a CUDA graph captured for exactly that
-many rows (the single-token draft step, the K+1-token verify step): one launch for the whole
-model, the positions living on the device, so a draft loop runs with no host synchronisation.
-The layer function is compiled with torch.compile before capture (fused norms, RoPE and SwiGLU).
-
-`pad_rows` > 0 runs every forward of up to that many tokens with exactly that many rows (extra
-rows are scratch writes past the cache length). The matmul kernels then see one shape whatever
-the number of real tokens, so a verify pass gives each row bit-for-bit the logits that a
-single-token step gives: greedy speculative output equals plain greedy output even in bf16.
-Without padding the default attention (SDPA) already computes each row independently of the row
-count, and an H200 run gave 100% identity (docs/gpu.md); `net.math_attention = True` is ~10%
-faster per step but row-count dependent, so use it together with pad_rows.
-
-`kernels="triton"` runs the graphed steps through the fused Triton kernels of `triton_ops` instead
-(six kernels per layer, no torch.compile; exact by construction, each row computed the same way
-whatever the row count). `"auto"` takes them on CUDA when Triton and the shape allow.
-
-`megakernel=True` (Hopper GPUs, bf16) runs single-token steps as one persistent CUDA kernel
-(`megakernel.py`) and the rest as before. Its logits differ from a verify pass's in the last bits,
-so it is for draft models only: the engine refuses it as a target.
+Three step paths, chosen once at construction (NativeOptions):
+- On CUDA every forward of n <= max_graph_rows tokens (the single-token draft step, the K+1-token
+  verify step) replays a CUDA graph captured for exactly that many rows: one launch for the whole
+  model, the positions living on the device, so a draft loop runs with no host synchronisation.
+  Where triton_ops takes the shape, the graph holds its fused kernels (six a layer); else the torch
+  layers over all cache slots with a device-built mask. Both compute each row the same way whatever
+  the row count, so a verify pass gives each row bit for bit the logits of a single-token step and
+  greedy speculative output equals plain greedy output in bf16 too (checked by `specdec bench gpu`).
+- With megakernel=True (Hopper GPUs, bf16) single-token steps replay the persistent kernel of
+  `megakernel.py` instead. Its logits differ from a verify pass's in the last bits, so it is for
+  draft models only: the engine refuses it as a target.
+- Everything else (a CPU, long prefills) runs the eager torch layers of LlamaNet.forward_eager.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import os
+from dataclasses import dataclass
 
 import torch
 
 from specdec.models.base import CausalLM, check_feature_layers
 from specdec.models.llama_config import LlamaArch, arch_from_hf, named_arch
-from specdec.models.llama_net import (
-    LlamaNet,
-    build_net,
-    init_random,
-    layer_step,
-    load_hf_state,
-)
+from specdec.models.llama_net import LlamaNet, build_net, init_random, load_hf_state
 
-log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class NativeOptions:
+    """How a NativeLlama runs its steps, settled once at construction (`resolve` is the product's
+    choice; the CPU tests pass their own, which `check` validates).
+
+    graphs: forwards of up to max_graph_rows tokens run the fixed-shape step as CUDA graphs (off
+    CUDA the same fixed-shape step runs eagerly: what the CPU tests use to check it).
+    fused: that step runs triton_ops' kernels. megakernel: its single-token steps run megakernel.py.
+    """
+
+    graphs: bool
+    fused: bool = False
+    megakernel: bool = False
+    max_graph_rows: int = 17
+
+    @classmethod
+    def resolve(cls, arch: LlamaArch, device: torch.device, graphs: bool | None = None,
+                max_graph_rows: int = 17, megakernel: bool = False) -> "NativeOptions":
+        """graphs None: on CUDA. The fused kernels on CUDA for every shape triton_ops supports."""
+        graphs = device.type == "cuda" if graphs is None else graphs
+        fused = graphs and device.type == "cuda" and _triton_refuses(arch, device) is None
+        return cls(graphs, fused, megakernel, max_graph_rows).check(arch, device)
+
+    def check(self, arch: LlamaArch, device: torch.device) -> "NativeOptions":
+        """self, or a ValueError saying why these options cannot run this arch on this device."""
+        if self.fused:
+            reason = "it runs the graphed steps (graphs=True)" if not self.graphs else _triton_refuses(arch, device)
+            if reason:
+                raise ValueError(f"the fused Triton kernels cannot run here: {reason}")
+        if self.megakernel:
+            from specdec.models import megakernel as mk
+
+            reason = mk.unavailable(arch, device) or (None if self.graphs else "it needs CUDA graphs")
+            if reason:
+                raise ValueError(f"megakernel=True: {reason}")
+        return self
+
+
+def _triton_refuses(arch: LlamaArch, device: torch.device) -> str | None:
+    """Why triton_ops cannot run this arch on this device, or None. Off CUDA only Triton's
+    interpreter runs it (TRITON_INTERPRET=1: the CPU tests)."""
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"they run on CUDA (this model is on {device.type})"
+    try:
+        from specdec.models import triton_ops
+    except ImportError as exc:
+        return f"Triton is not importable ({exc})"
+    return triton_ops.supports(arch)
 
 
 class _StepGraph:
-    """One CUDA graph of LlamaNet.forward_static over `rows` tokens, with its static buffers.
+    """One CUDA graph of a fixed-shape step over `rows` tokens, with its static buffers.
 
     Off CUDA there is nothing to capture: replay() runs the same static-shape forward eagerly,
-    which lets the CPU tests check the padded-row and device-mask logic the graphs rely on.
+    which lets the CPU tests check the device-mask logic the graphs rely on.
     """
 
-    def __init__(self, net: LlamaNet, rows: int, step_fn=None):
-        self.step_fn = step_fn or net.forward_static
+    def __init__(self, net: LlamaNet, rows: int, step_fn):
+        self.step_fn = step_fn
         device = net.slot_ids.device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         # Warm-up runs really execute: point them at the last slots, which no real token uses.
@@ -63,7 +97,7 @@ class _StepGraph:
             return
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # compile and autotune outside the capture
+        with torch.cuda.stream(side):  # Triton's tile tuning and compiles outside the capture
             for _ in range(2):
                 self.step_fn(self.tokens, self.pos)
         torch.cuda.current_stream().wait_stream(side)
@@ -82,8 +116,9 @@ class NativeLlama(CausalLM):
     """A Llama-family model with a static KV cache of `max_length` tokens (batch 1)."""
 
     def __init__(self, net: LlamaNet, name: str, max_length: int, cuda_graphs: bool | None = None,
-                 compile: bool | str = True, max_graph_rows: int = 17, pad_rows: int = 0,
-                 kernels: str = "auto", megakernel: bool = False):
+                 max_graph_rows: int = 17, megakernel: bool = False, options: NativeOptions | None = None):
+        """options: the choices made already (then cuda_graphs, max_graph_rows and megakernel are
+        not looked at); else resolved from those (NativeOptions.resolve)."""
         self.net = net.eval()
         self.model = None  # the transformers model it was built from, kept on a CPU (see from_hf)
         self.arch = net.arch
@@ -91,25 +126,17 @@ class NativeLlama(CausalLM):
         self.vocab_size = net.arch.vocab_size
         self.max_length = max_length
         self.device = net.slot_ids.device
-        if net.slots < max_length + max(max_graph_rows, pad_rows):
-            raise ValueError("the cache needs max_graph_rows spare slots past max_length for padded rows")
-        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        self.max_graph_rows = max(max_graph_rows, pad_rows)
-        self.pad_rows = pad_rows
-        self._compile = compile  # True/"layer": compile the layer function; "step": the whole step
-        self._step_fn = None
+        self.options = options.check(net.arch, self.device) if options else \
+            NativeOptions.resolve(net.arch, self.device, cuda_graphs, max_graph_rows, megakernel)
+        if net.slots < max_length + self.options.max_graph_rows:
+            raise ValueError("the cache needs max_graph_rows spare slots past max_length (graph warm-up writes)")
         self._graphs: dict[tuple[int, tuple[int, ...]], _StepGraph] = {}  # by (rows, feature layers)
         self._len = 0
-        if kernels == "triton" and not self.cuda_graphs:
-            raise ValueError("kernels='triton' runs the graphed steps: it needs cuda_graphs (on CUDA, the default)")
-        self.fused_kernels = _use_fused_kernels(kernels, net.arch, self.device) and self.cuda_graphs
-        self.megakernel = megakernel
-        if megakernel:
-            from specdec.models import megakernel as mk
 
-            reason = mk.unavailable(net.arch, self.device) or (None if self.cuda_graphs else "it needs cuda_graphs")
-            if reason:
-                raise ValueError(f"megakernel=True: {reason}")
+    @property
+    def megakernel(self) -> bool:
+        """Whether single-token steps run the megakernel (a draft model only)."""
+        return self.options.megakernel
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -131,7 +158,7 @@ class NativeLlama(CausalLM):
         model = cls(net, name, max_length, **options)
         if model.device.type == "cpu":
             net.embed.weight = weight  # the kept model's own table: no second copy
-            if pack is not False and not model.fused_kernels:
+            if pack is not False and not model.options.fused:
                 net.pack_for_cpu()  # the layout cpu_matrix.choose_layout picks for this CPU (or none)
             model.model = hf_model
         return model
@@ -205,76 +232,25 @@ class NativeLlama(CausalLM):
                     self._graph(rows)
 
     def _graph_rows(self, n: int) -> int | None:
-        if not self.cuda_graphs or n > self.max_graph_rows:
-            return None
-        return self.pad_rows if n <= self.pad_rows else n
+        return n if self.options.graphs and n <= self.options.max_graph_rows else None
 
     def _graph(self, rows: int, layers: tuple[int, ...] = ()) -> _StepGraph:
         """The graph of `rows` tokens that also returns the outputs of `layers` (one per choice)."""
         if (rows, layers) not in self._graphs:
-            compiled = self._step_fn is not None if self._compile == "step" else self.net.layer_fn is not layer_step
-            if self._compile and self.device.type == "cuda" and not compiled and not self.fused_kernels:
-                self._try_compile(rows)
-            if self.megakernel and rows == 1 and not layers:
+            if self.options.megakernel and rows == 1 and not layers:
                 from specdec.models.megakernel import MegakernelStep
 
                 step_fn = MegakernelStep(self.net)
             else:  # the choice is bound into this model's step, so models sharing one net keep their own
-                step_fn = functools.partial(self._step_fn or self.net.forward_static, fused=self.fused_kernels,
-                                            capture=layers)
+                step_fn = functools.partial(self.net.forward_static, fused=self.options.fused, capture=layers)
             self._graphs[rows, layers] = _StepGraph(self.net, rows, step_fn)
         return self._graphs[rows, layers]
 
-    def _try_compile(self, rows: int) -> None:
-        """Compile the layer function once; if this PyTorch cannot, keep the eager one (still graphed)."""
-        import torch._dynamo.config as dynamo_config
 
-        # One compiled layer serves every layer, the target and the draft; shapes that differ
-        # (rows, widths) become dynamic after a recompile or two, so a small limit is plenty.
-        for knob in ("recompile_limit", "cache_size_limit"):
-            if hasattr(dynamo_config, knob):
-                setattr(dynamo_config, knob, max(getattr(dynamo_config, knob), 32))
-        if self._compile == "step":  # one graph for all layers: fuses across layer boundaries too
-            self._step_fn = torch.compile(self.net.forward_static, fullgraph=True)
-        else:
-            self.net.layer_fn = torch.compile(layer_step, fullgraph=True)
-        try:
-            tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
-            (self._step_fn or self.net.forward_static)(tokens, self.net.slot_ids[self.net.slots - rows:])
-        except Exception as exc:  # noqa: BLE001 - any compiler failure means: run uncompiled
-            log.warning("torch.compile failed (%s); CUDA graphs run the eager layers", str(exc).splitlines()[0])
-            self.net.layer_fn = layer_step
-            self._step_fn = None
-            self._compile = False
+def _slots(max_length: int, choices: dict) -> int:
+    """Cache slots: max_length plus room for the graphs' warm-up rows, rounded up to 64 (aligned attention masks)."""
+    rows = choices["options"].max_graph_rows if choices.get("options") else choices.get("max_graph_rows", 17)
+    return -(-(max_length + rows) // 64) * 64
 
 
-def _use_fused_kernels(kernels: str, arch: LlamaArch, device: torch.device) -> bool:
-    """Whether graphed steps take the Triton kernels: "torch" never, "triton" always (or a clear
-    error saying why it cannot), "auto" on CUDA when it can. Off CUDA only Triton's interpreter
-    runs them (TRITON_INTERPRET=1: the CPU tests)."""
-    if kernels not in ("auto", "triton", "torch"):
-        raise ValueError(f"kernels must be auto, triton or torch, not {kernels!r}")
-    if kernels == "torch":
-        return False
-    reason = None
-    if device.type != "cuda" and (kernels == "auto" or os.environ.get("TRITON_INTERPRET") != "1"):
-        reason = f"the fused kernels run on CUDA (this model is on {device.type})"
-    else:
-        try:
-            from specdec.models import triton_ops
-        except ImportError as exc:
-            reason = f"Triton is not importable ({exc}); install it or use kernels='torch'"
-        else:
-            reason = triton_ops.supports(arch)
-    if reason and kernels == "triton":
-        raise ValueError(f"kernels='triton': {reason}")
-    return reason is None
-
-
-def _slots(max_length: int, options: dict) -> int:
-    """Cache slots: max_length plus room for padded rows, rounded up to 64 (aligned attention masks)."""
-    extra = max(options.get("max_graph_rows", 17), options.get("pad_rows", 0))
-    return -(-(max_length + extra) // 64) * 64
-
-
-__all__ = ["LlamaArch", "NativeLlama"]
+__all__ = ["LlamaArch", "NativeLlama", "NativeOptions"]
