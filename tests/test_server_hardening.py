@@ -115,6 +115,43 @@ def test_health_answers_while_huge_prompts_arrive(server):
     assert not isinstance(huge, httpx.Response) or huge.status_code == 413
 
 
+def run_body_limit(messages: list[dict], max_bytes: int) -> tuple[list[dict], list[dict], list[int]]:
+    """BodyLimit around an app that records what it receives; returns (app saw, sent, refusals)."""
+    from specdec.server.limits import BodyLimit
+
+    seen, sent, refused = [], [], []
+    incoming = iter(messages + [{"type": "http.disconnect"}])
+
+    async def app(scope, receive, send):
+        seen.append(await receive())
+        seen.append(await receive())
+
+    async def receive():
+        return next(incoming)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": COMP, "headers": []}  # chunked: no content-length
+    asyncio.run(BodyLimit(app, max_bytes, 5.0, refused.append)(scope, receive, send))
+    return seen, sent, refused
+
+
+def test_a_chunked_body_past_the_limit_is_refused_as_it_arrives():
+    parts = [{"type": "http.request", "body": b"x" * 600, "more_body": True} for _ in range(3)]
+    seen, sent, refused = run_body_limit(parts, max_bytes=1000)
+    assert not seen and refused == [413] and sent[0]["status"] == 413
+    assert json.loads(sent[1]["body"])["error"]["code"] == "request_too_large"
+
+
+def test_a_chunked_body_within_the_limit_reaches_the_app_whole():
+    parts = [{"type": "http.request", "body": b"ab", "more_body": True},
+             {"type": "http.request", "body": b"cd", "more_body": False}]
+    seen, sent, refused = run_body_limit(parts, max_bytes=4)
+    assert seen == [{"type": "http.request", "body": b"abcd", "more_body": False}, {"type": "http.disconnect"}]
+    assert not sent and not refused
+
+
 # ---- types and values: strict, finite, valid Unicode, 64-bit seeds --------------------------------
 
 STRICT_CASES = [  # (name, path, raw JSON body, param, words the message must hold)
