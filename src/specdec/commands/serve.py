@@ -60,10 +60,10 @@ def build_state(args: argparse.Namespace):
         raise InvalidRequestError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not args.graceful_timeout >= 0:
         raise InvalidRequestError(f"--graceful-timeout must be >= 0 seconds, got {args.graceful_timeout}")
-    try:
-        limits = Limits(args.max_body_bytes, args.timeout_keep_alive, args.timeout_headers, args.timeout_body)
-    except ValueError as exc:
-        raise InvalidRequestError(f"serve: {exc}") from None
+    for flag in ("timeout_keep_alive", "timeout_headers", "timeout_body"):
+        if not getattr(args, flag) > 0:
+            raise InvalidRequestError(f"--{flag.replace('_', '-')} must be > 0 seconds, got {getattr(args, flag)}")
+    limits = Limits(args.max_body_bytes, args.timeout_keep_alive, args.timeout_headers, args.timeout_body)
     runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype,
                             backend=getattr(args, "backend", "auto"))
     runtimes = {args.draft: runtime}
