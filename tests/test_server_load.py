@@ -86,14 +86,14 @@ def test_burst_beyond_the_queue_gets_503_and_no_mixed_up_answers(server):
 
 
 def test_shutdown_finishes_the_stream_in_flight_and_refuses_new_work():
-    """What SIGTERM does (uvicorn's handler sets should_exit): the running stream still ends with [DONE]."""
+    """What SIGTERM does (uvicorn's handler sets should_exit, then the drain runs): the running stream
+    still ends with every token and [DONE]."""
     import socket
     import threading
 
-    import uvicorn
-
     from specdec.runtime import build_runtime
     from specdec.server.app import ServerConfig, ServerState, create_app
+    from specdec.server.drain import make_server
     from tests.server_tiny_model import build_tiny_models, tiny_root, torch_threads
 
     target, _ = build_tiny_models(tiny_root())
@@ -101,8 +101,8 @@ def test_shutdown_finishes_the_stream_in_flight_and_refuses_new_work():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=30))
+    server = make_server(create_app(state), state.worker, "127.0.0.1", port, "warning", state.config.limits,
+                         grace_s=30)
     thread = threading.Thread(target=server.run, daemon=True)
     with torch_threads(1):
         thread.start()

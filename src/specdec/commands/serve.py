@@ -25,9 +25,26 @@ def register(sub) -> None:
                    help="requests that may wait while one runs; more get 503 (default: %(default)s)")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the target's name)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
-                   help="on SIGTERM, seconds to finish requests in flight (default: %(default)s)")
+                   help="on SIGTERM, seconds to finish requests in flight; then they get an error "
+                        "(default: %(default)s)")
+    add_limit_flags(p)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
+
+
+def add_limit_flags(p: argparse.ArgumentParser) -> None:
+    from specdec.server.limits import Limits
+
+    d = Limits()
+    p.add_argument("--max-body-bytes", type=positive_int, default=d.max_body_bytes,
+                   help="largest request body; larger gets 413 (default: %(default)s)")
+    p.add_argument("--timeout-keep-alive", type=float, default=d.keep_alive_s,
+                   help="seconds an idle connection stays open, new or between requests (default: %(default)s)")
+    p.add_argument("--timeout-headers", type=float, default=d.header_timeout_s,
+                   help="seconds from a request's first byte to the end of its headers, else the connection "
+                        "closes (default: %(default)s)")
+    p.add_argument("--timeout-body", type=float, default=d.body_timeout_s,
+                   help="seconds to receive a request's body, else 408 (default: %(default)s)")
 
 
 def build_state(args: argparse.Namespace):
@@ -35,9 +52,16 @@ def build_state(args: argparse.Namespace):
     from specdec.errors import InvalidRequestError
     from specdec.runtime import build_runtime
     from specdec.server.app import ServerConfig, ServerState
+    from specdec.server.limits import Limits
 
     if args.max_queue < 0:
         raise InvalidRequestError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if not args.graceful_timeout >= 0:
+        raise InvalidRequestError(f"--graceful-timeout must be >= 0 seconds, got {args.graceful_timeout}")
+    for flag in ("timeout_keep_alive", "timeout_headers", "timeout_body"):
+        if not getattr(args, flag) > 0:
+            raise InvalidRequestError(f"--{flag.replace('_', '-')} must be > 0 seconds, got {getattr(args, flag)}")
+    limits = Limits(args.max_body_bytes, args.timeout_keep_alive, args.timeout_headers, args.timeout_body)
     runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype,
                             backend=getattr(args, "backend", "auto"), threads=getattr(args, "threads", None))
     runtimes = {args.draft: runtime}
@@ -45,20 +69,18 @@ def build_state(args: argparse.Namespace):
         if name not in runtimes:
             runtimes[name] = runtime.with_drafter(make_drafter(name, runtime.target))
     config = ServerConfig(model_name=args.served_model_name or runtime.target.name, default_draft=args.draft,
-                          k=args.k, api_key=args.api_key or None, max_queue=args.max_queue)
+                          k=args.k, api_key=args.api_key or None, max_queue=args.max_queue, limits=limits)
     return ServerState(config, runtimes)
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from specdec.server.app import create_app
+    from specdec.server.drain import make_server
 
     state = build_state(args)
     threads = state.default_runtime.threads
     print(f"specdec: serving {state.config.model_name!r} (draft {args.draft}, K={args.k}, {threads.describe()}) "
           f"at http://{args.host}:{args.port}/ ; API at /v1", flush=True)
-    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.graceful_timeout)
-    uvicorn.Server(config).run()
-    return 0
+    make_server(create_app(state), state.worker, args.host, args.port, args.log_level, state.config.limits,
+                args.graceful_timeout).run()
+    return 0  # also after SIGTERM: the drain answered every request

@@ -1,8 +1,10 @@
 """The FastAPI app: OpenAI-compatible endpoints, /health, /metrics, and the web view at `/`.
 
-Request handling, in order: API key, validation (pydantic, mapped to OpenAI's 400 shape), model and
-drafter lookup, tokenization and the context check, then admission to the engine's queue (503 when
-full). Only after all of that can a stream start, so every client error gets a proper status code.
+Request handling, in order: the body's size and read time (`limits.BodyLimit`: 413, 408), API key,
+validation (pydantic, strict, mapped to OpenAI's 400 shape), model and drafter lookup, a prompt
+length bound by characters, tokenization (on a thread, so the event loop and /health never wait on
+it) and the context check, then admission to the engine's queue (503 when full or shutting down).
+Only after all of that can a stream start, so every client error gets a proper status code.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,6 +28,7 @@ from specdec.errors import SpecdecError
 from specdec.runtime import Runtime
 from specdec.sampling import SamplingParams
 from specdec.server import protocol as P
+from specdec.server.limits import BodyLimit, Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.worker import DoneEvent, EngineWorker, ErrorEvent, Job, TokenEvent
 
@@ -40,6 +43,7 @@ class ServerConfig:
     k: int
     api_key: str | None = None
     max_queue: int = 16
+    limits: Limits = Limits()
 
 
 class ServerState:
@@ -50,6 +54,7 @@ class ServerState:
         self.runtimes = runtimes
         self.metrics = ServerMetrics(config.model_name)
         self.worker = EngineWorker(config.max_queue, self.metrics)
+        self.longest_token_chars = _longest_token_chars(self.default_runtime.tokenizer)
 
     @property
     def default_runtime(self) -> Runtime:
@@ -58,6 +63,18 @@ class ServerState:
     @property
     def max_model_len(self) -> int:
         return int(self.default_runtime.engine.target.max_length)
+
+    @property
+    def max_prompt_chars(self) -> int | None:
+        """No text longer than this fits the context: each token covers at most the longest token's characters."""
+        return None if self.longest_token_chars is None else self.max_model_len * self.longest_token_chars
+
+
+def _longest_token_chars(tokenizer) -> int | None:
+    # Byte-level BPE writes a token as one character per byte, SentencePiece as its text: either way
+    # no more characters than the token covers in the prompt (at least 1, for any 0-length oddity).
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else None
+    return max(1, max(map(len, vocab))) if vocab else None
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -71,6 +88,9 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="specdec", description="OpenAI-compatible server with exact speculative decoding",
                   lifespan=lifespan)
     app.state.specdec = state
+    limits = state.config.limits
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s,
+                       on_refuse=state.metrics.reject)
     _install_error_handlers(app, state)
     auth = Depends(_check_api_key(state.config.api_key, state.metrics))
 
@@ -91,12 +111,12 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions", dependencies=[auth])
     async def completions(request: P.CompletionRequest, raw: Request):
         _check_model(state, request)
-        return await _serve(state, request, _completion_prompt(state, request), chat=False, raw=raw)
+        return await _serve(state, request, await _completion_prompt(state, request), chat=False, raw=raw)
 
     @app.post("/v1/chat/completions", dependencies=[auth])
     async def chat_completions(request: P.ChatCompletionRequest, raw: Request):
         _check_model(state, request)
-        return await _serve(state, request, _chat_prompt(state, request), chat=True, raw=raw)
+        return await _serve(state, request, await _chat_prompt(state, request), chat=True, raw=raw)
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
@@ -112,7 +132,7 @@ def create_app(state: ServerState) -> FastAPI:
 def _install_error_handlers(app: FastAPI, state: ServerState) -> None:
     def reply(error: P.APIError) -> JSONResponse:
         state.metrics.reject(error.status)
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     @app.exception_handler(P.APIError)
     async def api_error(_: Request, exc: P.APIError):
@@ -123,8 +143,12 @@ def _install_error_handlers(app: FastAPI, state: ServerState) -> None:
         return reply(P.validation_error(list(exc.errors())))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException):
-        return reply(P.APIError(exc.status_code, str(exc.detail), None, None))
+    async def http_error(raw: Request, exc: StarletteHTTPException):
+        message, code = str(exc.detail), None
+        if exc.status_code == 405:  # Starlette's 405 carries the Allow header; say it in words too
+            allowed = (exc.headers or {}).get("Allow", "")
+            message, code = f"{raw.method} is not allowed on {raw.url.path}; use {allowed}", "method_not_allowed"
+        return reply(P.APIError(exc.status_code, message, None, code, headers=exc.headers))
 
 
 def _check_api_key(api_key: str | None, metrics: ServerMetrics):
@@ -154,9 +178,10 @@ def _model_card(state: ServerState) -> dict:
                         "max_k": P.MAX_K}}
 
 
-def _completion_prompt(state: ServerState, request: P.CompletionRequest) -> list[int]:
+async def _completion_prompt(state: ServerState, request: P.CompletionRequest) -> list[int]:
     prompt = request.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+        _check_prompt_size(state, len(prompt), "prompt", "tokens")
         vocab = state.default_runtime.engine.target.vocab_size
         if any(not 0 <= x < vocab for x in prompt):
             raise P.APIError(400, f"prompt: token ids must be in [0, {vocab})", "prompt", "invalid_value")
@@ -166,19 +191,31 @@ def _completion_prompt(state: ServerState, request: P.CompletionRequest) -> list
             raise P.APIError(400, "prompt: give one string (batches of prompts are not served)", "prompt",
                              "invalid_value")
         prompt = prompt[0]
-    return _tokenize(lambda: state.default_runtime.encode(prompt, chat=False), "prompt")
+    _check_prompt_size(state, len(prompt), "prompt", "characters")
+    return await _tokenize(lambda: state.default_runtime.encode(prompt, chat=False), "prompt")
 
 
-def _chat_prompt(state: ServerState, request: P.ChatCompletionRequest) -> list[int]:
+async def _chat_prompt(state: ServerState, request: P.ChatCompletionRequest) -> list[int]:
     if not request.messages:
         raise P.APIError(400, "messages: give at least one message", "messages", "invalid_value")
     messages = [{"role": m.role, "content": m.text()} for m in request.messages]
-    return _tokenize(lambda: state.default_runtime.encode_messages(messages), "messages")
+    _check_prompt_size(state, sum(len(m["content"]) for m in messages), "messages", "characters")
+    return await _tokenize(lambda: state.default_runtime.encode_messages(messages), "messages")
 
 
-def _tokenize(encode, param: str) -> list[int]:
+def _check_prompt_size(state: ServerState, size: int, param: str, unit: str) -> None:
+    """Refuse a prompt that cannot fit before any tokenizing: `size` tokens, or characters (a bound)."""
+    limit = state.max_model_len
+    bound = limit if unit == "tokens" else state.max_prompt_chars
+    if bound is not None and size > bound:
+        why = "" if unit == "tokens" else f" (a token covers at most {state.longest_token_chars} characters here)"
+        raise P.APIError(400, f"{param}: {size} {unit} cannot fit the context of {limit} tokens{why}",
+                         param, "context_length_exceeded")
+
+
+async def _tokenize(encode, param: str) -> list[int]:
     try:
-        ids = encode()
+        ids = await asyncio.to_thread(encode)  # a long prompt must not stall the event loop (and /health)
     except (SpecdecError, ValueError, TypeError) as exc:  # empty text, no chat template, ...
         raise P.APIError(400, f"{param}: {exc}", param, "invalid_value") from None
     if not ids:
@@ -247,9 +284,9 @@ async def _serve(state: ServerState, request: P.SamplingFields, prompt_ids: list
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     model = state.config.model_name
     if request.stream:
-        return StreamingResponse(_sse(job, events, rid, model, chat, request.include_usage),
+        return StreamingResponse(_sse(job, events, rid, model, chat, request.include_usage, state.worker.leave),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    watcher = asyncio.create_task(_cancel_on_disconnect(raw, job))
+    watcher = asyncio.create_task(_cancel_on_disconnect(state, raw, job))
     try:
         async for event in events:
             if isinstance(event, ErrorEvent):
@@ -262,11 +299,11 @@ async def _serve(state: ServerState, request: P.SamplingFields, prompt_ids: list
     raise P.APIError(503, "the request was dropped before it finished", None, "aborted")
 
 
-async def _cancel_on_disconnect(raw: Request, job: Job, every: float = 0.25) -> None:
+async def _cancel_on_disconnect(state: ServerState, raw: Request, job: Job, every: float = 0.25) -> None:
     """A non-streamed request has no writes to fail on: poll for the client leaving."""
     while not job.cancelled.is_set():
         if await raw.is_disconnected():
-            job.cancelled.set()  # the engine thread stops after this round
+            state.worker.leave(job)  # the engine thread stops after this round (or never starts it)
             return
         await asyncio.sleep(every)
 
@@ -276,7 +313,7 @@ def _sse_data(obj) -> str:
 
 
 async def _sse(job: Job, events: AsyncIterator[object], rid: str, model: str, chat: bool,
-               include_usage: bool) -> AsyncIterator[str]:
+               include_usage: bool, leave: Callable[[Job], None]) -> AsyncIterator[str]:
     def chunk(text: str | None, finish: str | None, extra: dict | None) -> str:
         if chat:
             delta = {} if text is None else {"content": text}
@@ -301,4 +338,4 @@ async def _sse(job: Job, events: AsyncIterator[object], rid: str, model: str, ch
                     yield _sse_data(P.usage_chunk(rid, model, obj, _usage(job, event.stats)))
         yield "data: [DONE]\n\n"
     finally:
-        job.cancelled.set()  # the client went away (or we are done): stop after this round
+        leave(job)  # the client went away (or we are done): stop after this round

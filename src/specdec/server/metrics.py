@@ -26,6 +26,8 @@ class ServerMetrics:
                                labels + ["finished_reason"], registry=r)
         self.rejected = Counter(m + "request_rejected", "Requests answered with an error, by status.",
                                 labels + ["status"], registry=r)
+        self.abandoned = Counter(m + "request_abandoned", "Requests whose client left while they waited "
+                                 "in the queue (never run).", labels, registry=r)
         self.prompt_tokens = Counter(m + "prompt_tokens", "Prompt tokens processed.", labels, registry=r)
         self.generation_tokens = Counter(m + "generation_tokens", "Tokens generated.", labels, registry=r)
         self.ttft = Histogram(m + "time_to_first_token_seconds", "Time to first token.", labels,
@@ -45,7 +47,7 @@ class ServerMetrics:
                                         labels + ["position"], registry=r)
         self.model = model_name
         for counter in (self.prompt_tokens, self.generation_tokens, self.num_drafts, self.num_draft_tokens,
-                        self.num_accepted):
+                        self.num_accepted, self.abandoned):
             counter.labels(model_name)  # show 0 from the start, so that readers can take differences
 
     def set_queue(self, running: int, waiting: int) -> None:
@@ -54,6 +56,9 @@ class ServerMetrics:
 
     def reject(self, status: int) -> None:
         self.rejected.labels(self.model, str(status)).inc()
+
+    def abandon(self) -> None:
+        self.abandoned.labels(self.model).inc()
 
     def finish(self, reason: str, prompt_tokens: int, stats: SpecStats, latency: float) -> None:
         """Count one finished (or aborted) request and its speculation."""

@@ -2,37 +2,65 @@
 
 Unknown request fields are ignored, as OpenAI-compatible servers do. Two extension fields, `k`
 and `draft`, let one request choose K and the drafter (among those the server was started with).
+Types are strict (no "8" for 8, no true for 1, no "yes" for true; an integer is a number), numbers
+finite, and text valid Unicode, so that a wrong request gets a 400 naming its field, never a guess.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 MAX_K = 64
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes (negative s acts as 2**64 + s)
+STRICT = ConfigDict(extra="ignore", strict=True)
+
+
+def _valid_unicode(text: str) -> str:
+    """JSON's \\uD800-style escapes can carry half a surrogate pair, which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains a lone surrogate {ascii(text[exc.start])} at character {exc.start}; "
+                         "send valid Unicode (escape a character outside the BMP as a surrogate pair)") from None
+    return text
+
+
+def _seed_in_range(seed: int | None) -> int | None:
+    if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
+        raise ValueError(f"must be a 64-bit integer, from -2**63 to 2**64 - 1, got {seed}")
+    return seed
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+Seed = Annotated[Union[int, None], AfterValidator(_seed_in_range)]
+
+
+def Number(default: float, **bounds) -> float:  # noqa: N802 - a Field, spelled like a type
+    return Field(default=default, allow_inf_nan=False, **bounds)
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: float = Number(1.0, ge=0.0, le=2.0)
+    top_p: float = Number(1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=-1)  # -1 and 0 both mean off (vLLM uses -1)
-    min_p: float = Field(default=0.0, ge=0.0, lt=1.0)
-    seed: int | None = None
-    stop: Union[str, list[str], None] = None
+    min_p: float = Number(0.0, ge=0.0, lt=1.0)
+    seed: Seed = None
+    stop: Union[Text, list[Text], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
@@ -51,19 +79,19 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     # A string, a one-element list of strings, or a list of token ids (batches are not served).
-    prompt: Union[str, list[str], list[int]]
+    prompt: Union[Text, list[Text], list[int]]
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[ContentPart], None] = None
+    content: Union[Text, list[ContentPart], None] = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -79,15 +107,20 @@ class ChatCompletionRequest(SamplingFields):
 # ---- errors --------------------------------------------------------------------------------------
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
                503: "service_unavailable_error"}
+JSON_TYPES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "an array",
+              dict: "an object", type(None): "null"}
 
 
 class APIError(Exception):
     """An error the client caused (or a full queue): becomes the OpenAI error body with `status`."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers  # e.g. Allow on a 405
 
     def body(self) -> dict:
         return error_body(self.status, self.message, self.param, self.code)
@@ -101,15 +134,30 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 def validation_error(errors: list[dict]) -> APIError:
     """pydantic's error list -> one 400 that names the first offending field."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # Of a union's failed members, the one that got deepest into the value says what was wrong.
+    first = max((e for e in errors if e["loc"][:2] == first["loc"][:2]), key=lambda e: len(_path(e)), default=first)
+    loc = _path(first)
     kind = first.get("type", "")
     if kind == "json_invalid":
         return APIError(400, f"the body is not valid JSON: {first.get('msg')}", None, "invalid_json")
-    if not loc or kind in ("model_attributes_type", "dict_type"):
+    if not loc or kind in ("model_attributes_type", "dict_type", "model_type"):
         return APIError(400, "the request body must be a JSON object", None, "invalid_body")
-    # pydantic adds the union member (e.g. 'str', 'list[int]') to loc; the field is what a user wants.
     param = loc[0]
-    return APIError(400, f"{'.'.join(loc)}: {first.get('msg')}", param, "invalid_value")
+    message = str(first.get("msg", "")).removeprefix("Value error, ")
+    if kind.endswith("_type") and "input" in first:  # strict types: say what came instead
+        message += f", got {JSON_TYPES.get(type(first['input']), 'another type')}"
+    return APIError(400, f"{'.'.join(loc)}: {message}", param, "invalid_value")
+
+
+def _path(error: dict) -> list[str]:
+    return [str(part) for part in error.get("loc", ()) if part != "body" and not _union_tag(part)]
+
+
+def _union_tag(part) -> bool:
+    """pydantic puts the union member it tried into loc ('str', 'list[int]', 'function-after[...]');
+    a user wants only field names and indices."""
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "none")
+                                      or part[:1].isupper())
 
 
 # ---- responses -----------------------------------------------------------------------------------

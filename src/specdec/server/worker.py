@@ -3,7 +3,9 @@
 The engine is synchronous and keeps one sequence's KV cache, so requests run one at a time on a
 single worker thread (a one-thread executor is both the lock and the FIFO queue). Each job sends
 events back to the asyncio loop through an asyncio.Queue. A job whose client went away sets
-`cancelled`; the thread sees it after the current round and closes the generation.
+`cancelled`; the thread sees it after the current round and closes the generation. On shutdown
+the server stops admitting (`stop_accepting`) and, at its deadline, `abort_all` answers every job
+still in the system with an error.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Job:
     config: GenerationConfig
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    started: bool = False  # the engine thread took it (set under the worker's lock)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class EngineWorker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-engine")
         self._lock = threading.Lock()
         self._in_system = 0  # running + waiting
+        self._live: dict[int, tuple[Job, Callable[[object], None]]] = {}  # id(job) -> (job, emit)
         self.accepting = True
         metrics.set_queue(0, 0)
 
@@ -134,15 +138,25 @@ class EngineWorker:
                 raise APIError(503, f"the queue is full ({self.max_queue} waiting); retry later",
                                None, "queue_full")
             self._change(+1)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        emit = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)  # noqa: E731
+            loop = asyncio.get_running_loop()
+            events: asyncio.Queue = asyncio.Queue()
+            emit = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)  # noqa: E731
+            self._live[id(job)] = (job, emit)
         self._executor.submit(self._guarded, job, emit)
-        return _drain(events, job)
+        return _drain(events, job, self.leave)
+
+    def leave(self, job: Job) -> None:
+        """The client is gone (or done): stop the job; one that never started counts as abandoned."""
+        with self._lock:
+            if not job.started and not job.cancelled.is_set():
+                self.metrics.abandon()
+            job.cancelled.set()  # the engine thread stops after this round, or skips the job
 
     def _guarded(self, job: Job, emit) -> None:
         try:
-            if job.cancelled.is_set():  # the client left while waiting: skip the work
+            with self._lock:
+                job.started = not job.cancelled.is_set()
+            if not job.started:  # the client left while waiting (or the server is shutting down): skip it
                 emit(DoneEvent("abort", "", [], SpecStats()))
                 return
             _run_job(job, emit, self.metrics)
@@ -152,20 +166,34 @@ class EngineWorker:
             emit(ErrorEvent(APIError(500, f"internal error: {type(exc).__name__}: {exc}", None, "internal")))
         finally:
             with self._lock:
+                self._live.pop(id(job), None)
                 self._change(-1)
 
     def _change(self, delta: int) -> None:
         self._in_system += delta
         self.metrics.set_queue(min(1, self._in_system), max(0, self._in_system - 1))
 
-    def shutdown(self) -> None:
-        """Stop taking jobs and wait for the queued ones (uvicorn bounds how long clients are served)."""
+    def stop_accepting(self) -> None:
+        """From now on submit answers 503 (and /health too): the start of a drain."""
         with self._lock:
             self.accepting = False
+
+    def abort_all(self, error: APIError) -> None:
+        """End every job still running or waiting: its client gets `error` now, the engine stops soon."""
+        with self._lock:
+            live = list(self._live.values())
+            for job, _ in live:
+                job.cancelled.set()
+        for _, emit in live:
+            emit(ErrorEvent(error))
+
+    def shutdown(self) -> None:
+        """Stop taking jobs and wait for the engine thread (after a drain, only a round's worth of work)."""
+        self.stop_accepting()
         self._executor.shutdown(wait=True, cancel_futures=False)
 
 
-async def _drain(events: asyncio.Queue, job: Job) -> AsyncIterator[object]:
+async def _drain(events: asyncio.Queue, job: Job, leave: Callable[[Job], None]) -> AsyncIterator[object]:
     try:
         while True:
             event = await events.get()
@@ -173,4 +201,4 @@ async def _drain(events: asyncio.Queue, job: Job) -> AsyncIterator[object]:
             if isinstance(event, (DoneEvent, ErrorEvent)):
                 return
     finally:
-        job.cancelled.set()  # client gone (or done): the engine thread stops after this round
+        leave(job)  # client gone (or done): the engine thread stops after this round

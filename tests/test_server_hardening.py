@@ -1,0 +1,327 @@
+"""A hostile client's tries against `specdec serve`: huge or slow bodies, idle and slow connections,
+coerced types, out-of-range seeds, clients that leave while queued, and SIGTERM in the middle of work.
+
+Two tiny-model servers: the shared one (defaults), and one with short timeouts that the last test
+stops with SIGTERM. Every loop is bounded; all traffic goes to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.server_tiny_model import ServerProcess, build_tiny_models, shared_server, tiny_root
+
+COMP = "/v1/completions"
+CHAT = "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hello"}]
+SIXTEEN_MB = 16 * 1024 * 1024
+GRACE = 2  # --graceful-timeout of the short-timeout server
+
+
+@pytest.fixture(scope="module")
+def server():
+    return shared_server("--max-queue", "2")
+
+
+@pytest.fixture(scope="module")
+def short_server():
+    """Timeouts of 1 s; the SIGTERM test (the last in this file) ends it."""
+    target, draft = build_tiny_models(tiny_root())
+    args = ["--target", str(target), "--draft", str(draft), "-k", "4", "--served-model-name", "tiny",
+            "--max-queue", "16", "--graceful-timeout", str(GRACE), "--timeout-keep-alive", "1",
+            "--timeout-headers", "1", "--timeout-body", "1"]
+    proc = ServerProcess(args, tiny_root() / "server-short-timeouts.log").wait_ready()
+    yield proc
+    proc.stop()
+
+
+def raw_exchange(url: str, head: bytes, wait: float = 20.0) -> bytes:
+    """Send `head` on a fresh connection, then read until the server closes it (or `wait` passes)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=wait) as s:
+        s.sendall(head)
+        data = b""
+        while chunk := s.recv(65536):  # socket.timeout past `wait`: the server kept the connection
+            data += chunk
+        return data
+
+
+def parse_response(data: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, body
+
+
+def assert_error(status: int, body: bytes | dict, expected: int, param: str | None = None) -> dict:
+    assert status == expected, body
+    error = (json.loads(body) if isinstance(body, bytes) else body)["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+    assert error["type"] == ("service_unavailable_error" if expected == 503 else "invalid_request_error")
+    return error
+
+
+# ---- sizes: a huge body is refused unread, and nothing it does delays /health --------------------
+
+
+def test_a_16_mb_body_is_refused_with_413_before_it_is_read(server):
+    head = (f"POST {COMP} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"content-length: {SIXTEEN_MB}\r\n\r\n").encode()
+    status, headers, body = parse_response(raw_exchange(server.url, head))  # not one body byte sent
+    error = assert_error(status, body, 413)
+    assert error["code"] == "request_too_large" and "--max-body-bytes" in error["message"]
+    assert headers["connection"] == "close"
+
+
+def test_health_answers_while_huge_prompts_arrive(server):
+    """A 16 MB prompt (over the body limit) and a 1.5 MB one (under it, but far past the context) go
+    in beside /health: each health check answers, and the 1.5 MB prompt is refused by its length."""
+    results: dict[str, object] = {}
+
+    def send(name: str, chars: int) -> None:
+        body = {"prompt": "the cat " * (chars // 8), "max_tokens": 1}
+        try:
+            results[name] = httpx.post(server.url + COMP, json=body, timeout=120)
+        except httpx.HTTPError as exc:  # the server may close a 16 MB upload it has refused
+            results[name] = exc
+
+    senders = [threading.Thread(target=send, args=(n, c)) for n, c in (("huge", SIXTEEN_MB), ("big", 1_500_000))]
+    for t in senders:
+        t.start()
+    checks = 0
+    try:
+        while any(t.is_alive() for t in senders) and checks < 100:
+            r = httpx.get(server.url + "/health", timeout=10)  # generous: on a blocked loop this waits 30 s+
+            assert r.status_code == 200
+            checks += 1
+            time.sleep(0.05)
+    finally:
+        for t in senders:
+            t.join(timeout=120)
+    assert checks >= 1
+    big = results["big"]
+    assert isinstance(big, httpx.Response), big
+    assert assert_error(big.status_code, big.json(), 400, "prompt")["code"] == "context_length_exceeded"
+    huge = results["huge"]
+    assert not isinstance(huge, httpx.Response) or huge.status_code == 413
+
+
+def run_body_limit(messages: list[dict], max_bytes: int) -> tuple[list[dict], list[dict], list[int]]:
+    """BodyLimit around an app that records what it receives; returns (app saw, sent, refusals)."""
+    from specdec.server.limits import BodyLimit
+
+    seen, sent, refused = [], [], []
+    incoming = iter(messages + [{"type": "http.disconnect"}])
+
+    async def app(scope, receive, send):
+        seen.append(await receive())
+        seen.append(await receive())
+
+    async def receive():
+        return next(incoming)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": COMP, "headers": []}  # chunked: no content-length
+    asyncio.run(BodyLimit(app, max_bytes, 5.0, refused.append)(scope, receive, send))
+    return seen, sent, refused
+
+
+def test_a_chunked_body_past_the_limit_is_refused_as_it_arrives():
+    parts = [{"type": "http.request", "body": b"x" * 600, "more_body": True} for _ in range(3)]
+    seen, sent, refused = run_body_limit(parts, max_bytes=1000)
+    assert not seen and refused == [413] and sent[0]["status"] == 413
+    assert json.loads(sent[1]["body"])["error"]["code"] == "request_too_large"
+
+
+def test_a_chunked_body_within_the_limit_reaches_the_app_whole():
+    parts = [{"type": "http.request", "body": b"ab", "more_body": True},
+             {"type": "http.request", "body": b"cd", "more_body": False}]
+    seen, sent, refused = run_body_limit(parts, max_bytes=4)
+    assert seen == [{"type": "http.request", "body": b"abcd", "more_body": False}, {"type": "http.disconnect"}]
+    assert not sent and not refused
+
+
+# ---- types and values: strict, finite, valid Unicode, 64-bit seeds --------------------------------
+
+STRICT_CASES = [  # (name, path, raw JSON body, param, words the message must hold)
+    ("max_tokens a string", COMP, '{"prompt": "hello", "max_tokens": "8"}', "max_tokens", "integer"),
+    ("max_tokens a boolean", COMP, '{"prompt": "hello", "max_tokens": true}', "max_tokens", "integer"),
+    ("max_tokens a float", CHAT, '{"messages": %s, "max_tokens": 8.0}' % json.dumps(MSG), "max_tokens", "integer"),
+    ("stream a string", COMP, '{"prompt": "hello", "max_tokens": 2, "stream": "yes"}', "stream", "boolean"),
+    ("stream a number", CHAT, '{"messages": %s, "max_tokens": 2, "stream": 1}' % json.dumps(MSG), "stream",
+     "boolean"),
+    ("include_usage a string", COMP, '{"prompt": "hello", "stream": true, "stream_options": {"include_usage": "y"}}',
+     "stream_options", "boolean"),
+    ("k a string", COMP, '{"prompt": "hello", "k": "4"}', "k", "integer"),
+    ("temperature NaN", COMP, '{"prompt": "hello", "temperature": NaN}', "temperature", "finite"),
+    ("temperature Infinity", CHAT, '{"messages": %s, "temperature": Infinity}' % json.dumps(MSG), "temperature",
+     "finite"),
+    ("top_p -Infinity", COMP, '{"prompt": "hello", "top_p": -Infinity}', "top_p", "finite"),
+    ("lone surrogate in a prompt", COMP, '{"prompt": "hel\\ud800lo"}', "prompt", "lone surrogate"),
+    ("lone surrogate in a message", CHAT, '{"messages": [{"role": "user", "content": "hi \\udc00"}]}', "messages",
+     "lone surrogate"),
+    ("lone surrogate in a stop string", COMP, '{"prompt": "hello", "stop": ["\\ud83d"]}', "stop", "lone surrogate"),
+    ("seed 2**64", COMP, '{"prompt": "hello", "seed": %d}' % 2**64, "seed", "2**64 - 1"),
+    ("seed below -2**63", COMP, '{"prompt": "hello", "seed": %d}' % (-(2**63) - 1), "seed", "-2**63"),
+]
+
+
+@pytest.mark.parametrize("name,path,raw,param,words", STRICT_CASES, ids=[c[0] for c in STRICT_CASES])
+def test_wrong_types_and_values_get_a_400_that_says_what_was_wrong(server, name, path, raw, param, words):
+    r = httpx.post(server.url + path, content=raw, headers={"content-type": "application/json"}, timeout=30)
+    error = assert_error(r.status_code, r.content, 400, param)
+    assert words in error["message"] and error["message"].startswith(param)
+
+
+@pytest.mark.parametrize("seed", [2**64 - 1, 2**63, -1, -(2**63)])
+def test_every_64_bit_seed_is_served(server, seed):
+    body = {"prompt": "hello", "max_tokens": 3, "seed": seed, "temperature": 1}
+    assert httpx.post(server.url + COMP, json=body, timeout=30).status_code == 200
+
+
+def test_a_surrogate_pair_is_valid_unicode(server):
+    raw = '{"prompt": "hello \\ud83d\\ude00", "max_tokens": 2}'  # one emoji, escaped as JSON does
+    r = httpx.post(server.url + COMP, content=raw, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("method,path,allowed", [("GET", COMP, "POST"), ("PUT", "/health", "GET"),
+                                                 ("DELETE", CHAT, "POST")])
+def test_a_wrong_method_is_405_with_allow(server, method, path, allowed):
+    r = httpx.request(method, server.url + path, timeout=30)
+    assert_error(r.status_code, r.content, 405)
+    assert r.headers["allow"] == allowed and r.json()["error"]["code"] == "method_not_allowed"
+
+
+# ---- clients that leave while queued are counted --------------------------------------------------
+
+
+def counter(metrics_text: str, name: str) -> float:
+    match = re.search(rf"^specdec:{name}\{{[^}}]*\}} (\S+)$", metrics_text, re.M)
+    return float(match.group(1)) if match else float("nan")
+
+
+def test_a_client_that_leaves_while_queued_is_counted(server):
+    long_body = {"prompt": "hello", "max_tokens": 150, "ignore_eos": True, "stream": True, "k": 64}
+    before = counter(httpx.get(server.url + "/metrics").text, "request_abandoned_total")
+    assert before == before, "no specdec:request_abandoned_total in /metrics"
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            async with http.stream("POST", COMP, json=long_body) as running:
+                assert running.status_code == 200
+                async for line in running.aiter_lines():
+                    if line.startswith("data: {"):
+                        break  # it runs: 149 tokens to go, at K=64
+                async with http.stream("POST", COMP, json=long_body) as queued:
+                    assert queued.status_code == 200  # admitted: it waits behind the running one
+                # ... and its client has left, still waiting
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = httpx.get(server.url + "/metrics").text
+        if counter(text, "request_abandoned_total") >= before + 1:
+            break
+        time.sleep(0.2)
+    assert counter(text, "request_abandoned_total") == before + 1
+
+
+# ---- timeouts: idle, slow headers, slow body ------------------------------------------------------
+
+
+def test_an_idle_connection_is_closed(short_server):
+    assert raw_exchange(short_server.url, b"") == b""  # closed by the server, with nothing sent
+
+
+def test_headers_that_trickle_in_are_cut_off(short_server):
+    host, port = short_server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n")
+        closed = False
+        for i in range(100):  # one header byte every 0.1 s: 10 s of headers, against a 1 s limit
+            try:
+                s.sendall(b"x-slow: ab\r\n"[i % 12: i % 12 + 1])
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.1)
+        s.settimeout(1)
+        try:
+            closed = closed or s.recv(1) == b""
+        except ConnectionResetError:
+            closed = True
+    assert closed
+
+
+def test_a_body_that_trickles_in_gets_408(short_server):
+    head = (f"POST {COMP} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            f"content-length: 100\r\n\r\n").encode()
+    status, headers, body = parse_response(raw_exchange(short_server.url, head + b'{"prompt": '))
+    assert assert_error(status, body, 408)["code"] == "request_timeout"
+
+
+# ---- SIGTERM: a real drain (keep this test last: it stops short_server) ---------------------------
+
+
+def test_sigterm_drains_then_exits_0(short_server):
+    """Work for far longer than --graceful-timeout on a one-at-a-time engine, then SIGTERM: /health and new
+    requests get 503 during the drain, every stream ends with a finish or an error event and then
+    [DONE], the non-streamed request gets JSON, and the process exits 0 without a traceback."""
+    url = short_server.url
+    body = {"prompt": "hello", "max_tokens": 150, "ignore_eos": True, "k": 64}
+    http = httpx.Client(base_url=url, timeout=60)
+    streams = [http.send(http.build_request("POST", COMP, json={**body, "stream": True}), stream=True)]
+    lines = [streams[0].iter_lines()]
+    first = next(line for line in lines[0] if line.startswith("data: {"))  # it runs
+    plain: dict[str, httpx.Response] = {}
+    plain_thread = threading.Thread(target=lambda: plain.setdefault(
+        "r", httpx.post(url + CHAT, json={**body, "messages": MSG}, timeout=60)))
+    plain_thread.start()
+    for _ in range(6):
+        streams.append(http.send(http.build_request("POST", COMP, json={**body, "stream": True}), stream=True))
+        assert streams[-1].status_code == 200
+        lines.append(streams[-1].iter_lines())
+    short_server.proc.send_signal(signal.SIGTERM)
+
+    health = None
+    for _ in range(50):
+        health = httpx.get(url + "/health", timeout=10)
+        if health.status_code == 503:
+            break
+        time.sleep(0.05)
+    assert health.status_code == 503
+    late = httpx.post(url + COMP, json={"prompt": "hello", "max_tokens": 2}, timeout=10)
+    assert assert_error(late.status_code, late.content, 503)["code"] == "shutting_down"
+
+    endings = []
+    for i, stream_lines in enumerate(lines):
+        got = ([first] if i == 0 else []) + [line for line in stream_lines if line]
+        assert got[-1] == "data: [DONE]", got[-3:]
+        last = json.loads(got[-2].removeprefix("data: "))
+        if "error" in last:
+            assert assert_error(503, last, 503)["code"] == "shutting_down"
+            endings.append("cut")
+        else:
+            assert last["choices"][0]["finish_reason"] == "length"
+            endings.append("finished")
+    assert "cut" in endings  # 7 x 150 tokens at K=64 outlast a 2 s drain
+    plain_thread.join(timeout=60)
+    r = plain["r"]
+    if r.status_code != 200:
+        assert assert_error(r.status_code, r.content, 503)["code"] == "shutting_down"
+    http.close()
+    assert short_server.proc.wait(timeout=60) == 0
+    log = short_server.log_path.read_text()
+    assert "Traceback" not in log and "CancelledError" not in log and "Cancel" not in log, log
