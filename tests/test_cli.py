@@ -145,3 +145,13 @@ def test_megakernel_draft_off_a_hopper_gpu_is_one_clear_line(capsys, tiny_dirs):
     err = capsys.readouterr().err
     assert "megakernel" in err and "drop megakernel:" in err and "Traceback" not in err
     assert "unknown draft" not in err  # the model is known; it is the machine that cannot run it so
+
+
+def test_the_cli_builds_its_parser_without_the_server_libraries():
+    # register() must stay cheap: a GPU host without FastAPI/uvicorn still runs `specdec bench gpu`.
+    import subprocess
+    import sys
+
+    code = ("import sys\nfor m in ('uvicorn', 'pydantic', 'fastapi', 'h11', 'starlette'): sys.modules[m] = None\n"
+            "from specdec.cli import build_parser\nbuild_parser().parse_args(['bench', 'gpu', '--smoke'])")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

@@ -117,7 +117,7 @@ def test_health_answers_while_huge_prompts_arrive(server):
 
 def run_body_limit(messages: list[dict], max_bytes: int) -> tuple[list[dict], list[dict], list[int]]:
     """BodyLimit around an app that records what it receives; returns (app saw, sent, refusals)."""
-    from specdec.server.limits import BodyLimit
+    from specdec.server.connection import BodyLimit
 
     seen, sent, refused = [], [], []
     incoming = iter(messages + [{"type": "http.disconnect"}])

@@ -28,7 +28,8 @@ from specdec.errors import SpecdecError
 from specdec.runtime import Runtime
 from specdec.sampling import SamplingParams
 from specdec.server import protocol as P
-from specdec.server.limits import BodyLimit, Limits
+from specdec.server.connection import BodyLimit
+from specdec.server.limits import Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.worker import DoneEvent, EngineWorker, ErrorEvent, Job, TokenEvent
 

@@ -19,7 +19,7 @@ import threading
 
 import uvicorn
 
-from specdec.server.limits import MAX_HEADER_BYTES, TimedH11Protocol
+from specdec.server.connection import MAX_HEADER_BYTES, TimedH11Protocol
 from specdec.server.protocol import APIError
 
 FLUSH_S = 5.0  # after the drain: time for the last bytes (an error event, [DONE]) to reach clients
