@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "specdec.commands.serve",
     "specdec.commands.train_draft",
     "specdec.bench.cli",
+    "specdec.commands.audit",
 ]
 
 
