@@ -61,10 +61,10 @@ def compare_greedy(prompt: Prompt, ref: list[Completion], cand: list[Completion]
         error = next((c.error for c in cand if c.error), None)
         drifted = tv is not None and tv > logprob_tolerance
         status = DIFFERENT if error or first is not None or drifted else IDENTICAL
-    r_text, c_text = _texts(r1, c1)
-    around_r, around_c = _around(r_text, c_text, r1, c1, unit, first)
+    c_text = c1.error or c1.text
+    around_r, around_c = _around(r1, r1.text, c_text, unit, first)
     return GreedyResult(prompt.id, prompt.category, status, unit, first, around_r, around_c, ref_same, cand_same,
-                        tv, r1.text, c1.error or c1.text, error)
+                        tv, r1.text, c_text, error)
 
 
 def _same(a: Completion, b: Completion) -> bool:
@@ -98,11 +98,8 @@ def _max_logprob_tv(a: Completion, b: Completion, first: int | None) -> float | 
     return max(tvs) if tvs else None
 
 
-def _texts(a: Completion, b: Completion) -> tuple[str, str]:
-    return a.text, (b.error or b.text)
-
-
-def _around(r_text: str, c_text: str, r: Completion, c: Completion, unit: str, first: int | None) -> tuple[str, str]:
+def _around(r: Completion, r_text: str, c_text: str, unit: str, first: int | None) -> tuple[str, str]:
+    """Both texts around the first difference (a token position is turned into a character one)."""
     if first is None:
         return "", ""
     at = len("".join(r.tokens[:first])) if unit == "token" and r.tokens else first

@@ -110,8 +110,8 @@ def min_detectable_tv(n_a: int, n_b: int, level: float, power: float = 0.8) -> f
 
 
 def logprob_tv(a: dict[str, float], b: dict[str, float]) -> float:
-    """TV distance between two next-token distributions known by their top logprobs (a lower bound:
-    the mass outside the listed tokens counts as one lump on each side)."""
+    """TV distance between two next-token distributions known by their top logprobs: a token one side
+    does not list counts as 0 there, and the mass outside the listed tokens as one more outcome."""
     pa = {t: math.exp(v) for t, v in a.items()}
     pb = {t: math.exp(v) for t, v in b.items()}
     listed = sum(abs(pa.get(t, 0.0) - pb.get(t, 0.0)) for t in set(pa) | set(pb))

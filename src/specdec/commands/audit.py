@@ -7,10 +7,9 @@ Exit status: 0 consistent, 1 a difference found, 2 bad input or an audit that co
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
-from specdec.commands import positive_int
+from specdec.commands import json_object, positive_int
 
 
 def register(sub) -> None:
@@ -24,9 +23,9 @@ def register(sub) -> None:
     p.add_argument("--reference-api-key", default=key, help="bearer token for the reference (default: $OPENAI_API_KEY)")
     p.add_argument("--candidate-api-key", default=key, help="bearer token for the candidate (default: $OPENAI_API_KEY)")
     p.add_argument("--model", default=None, help="model id sent to both (default: each server's first listed model)")
-    p.add_argument("--reference-body", type=_json_object, default={}, metavar="JSON",
+    p.add_argument("--reference-body", type=json_object, default={}, metavar="JSON",
                    help="fields merged into every reference request, e.g. '{\"draft\": \"none\"}'")
-    p.add_argument("--candidate-body", type=_json_object, default={}, metavar="JSON",
+    p.add_argument("--candidate-body", type=json_object, default={}, metavar="JSON",
                    help="fields merged into every candidate request")
     p.add_argument("--prompts", default=None, metavar="FILE",
                    help="JSONL, one {\"prompt\": ...} or {\"messages\": [...]} a line, optional \"category\" and "
@@ -56,16 +55,6 @@ def register(sub) -> None:
     p.add_argument("--json", default="audit/audit.json", metavar="PATH", help="report file (default: %(default)s)")
     p.add_argument("--plots", default=None, metavar="DIR", help="PNGs of failing prompts (default: beside the JSON)")
     p.set_defaults(func=run)
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object like '{\"draft\": \"none\"}'")
-    return value
 
 
 def options_from(args: argparse.Namespace):
