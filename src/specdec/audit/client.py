@@ -51,6 +51,7 @@ class Side:
         self.logprobs = top_logprobs > 0
         self.model = config.model
         self.sent = 0  # requests answered (with a completion or a per-request error)
+        self.returned_tokens = False  # whether any answer came with tokens (logprobs)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -80,13 +81,15 @@ class Side:
         """One completion of `prompt` with sampling `params` (temperature, max_tokens, seed, ...)."""
         async with self.slots:
             reply = await self._post(prompt, params, self.logprobs)
-            if reply.status_code == 400 and self.logprobs and "logprob" in reply.text.lower():
-                self.logprobs = False  # a server without logprobs: compare text from now on
+            if reply.status_code >= 400 and self.logprobs and "logprob" in reply.text.lower():
+                self.logprobs = False  # a server that cannot give logprobs: compare text from now on
                 reply = await self._post(prompt, params, False)
         self.sent += 1
         if reply.status_code != 200:
             return Completion("", error=f"HTTP {reply.status_code}: {_error_message(reply)}")
-        return _parse_choice(_json(reply), prompt.chat)
+        completion = _parse_choice(_json(reply), prompt.chat)
+        self.returned_tokens |= completion.tokens is not None
+        return completion
 
     async def _post(self, prompt: Prompt, params: dict, logprobs: bool) -> httpx.Response:
         body = {"model": self.model, **prompt.body(), **params, **self.config.extra_body}

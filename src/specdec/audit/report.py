@@ -43,7 +43,7 @@ def to_json(result: AuditResult, plots: dict[str, str]) -> dict:
 
 def print_report(result: AuditResult, console: Console) -> None:
     for name, side in result.sides.items():
-        tokens = "tokens from logprobs" if side["logprobs"] else "text only"
+        tokens = "tokens from logprobs" if side["returned_logprobs"] else "no logprobs: text compared"
         console.print(f"{name}: {side['url']} model {side['model']!r} ({tokens})")
     if result.greedy:
         _greedy_tables(result, console)

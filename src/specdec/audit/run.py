@@ -46,7 +46,7 @@ class AuditOptions:
 @dataclass
 class AuditResult:
     options: AuditOptions
-    sides: dict[str, dict] = field(default_factory=dict)  # name -> {url, model, logprobs}
+    sides: dict[str, dict] = field(default_factory=dict)  # name -> {url, model, returned_logprobs}
     greedy: list[GreedyResult] = field(default_factory=list)
     sampled: list[SampledResult] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)  # prompt ids a stopped server left unanswered
@@ -85,7 +85,8 @@ async def run_audit(options: AuditOptions, prompts: list[Prompt], configs: list[
             await _sampled_stage(options, prompts, sides, result, progress)
     finally:
         for side in sides:
-            result.sides[side.config.name] = {"url": side.root, "model": side.model, "logprobs": side.logprobs}
+            result.sides[side.config.name] = {"url": side.root, "model": side.model,
+                                              "returned_logprobs": side.returned_tokens}
             await side.close()
     return result
 
