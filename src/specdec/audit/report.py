@@ -6,6 +6,7 @@ import json
 import re
 from collections import defaultdict
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
@@ -32,7 +33,8 @@ def per_category(result: AuditResult) -> dict[str, dict]:
 
 
 def to_json(result: AuditResult, plots: dict[str, str]) -> dict:
-    return {"command": "audit", "verdict": result.verdict, "exit_status": EXIT_STATUS[result.verdict],
+    return {"command": "audit", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "verdict": result.verdict, "exit_status": EXIT_STATUS[result.verdict],
             "stopped": result.stopped, "unfinished": result.unfinished, "sides": result.sides,
             "options": asdict(result.options),
             "greedy": {"per_category": per_category(result), "prompts": [asdict(g) for g in result.greedy]},

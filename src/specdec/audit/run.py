@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
 from specdec.audit.client import Completion, ServerStopped, Side, SideConfig
-from specdec.audit.greedy import GreedyResult, compare_greedy, greedy_params
+from specdec.audit.greedy import IDENTICAL, GreedyResult, compare_greedy, greedy_params
 from specdec.audit.prompts import Prompt
 from specdec.audit.sampled import SampledResult, compare_sampled, sample_params
 from specdec.audit.stats import adjust, min_detectable_tv
@@ -63,7 +63,8 @@ class AuditResult:
     def verdict(self) -> str:
         if any(g.counts_as_difference for g in self.greedy) or any(self.sampled_fails(s) for s in self.sampled):
             return DIFFERENT
-        if self.stopped or not (self.greedy or self.sampled):
+        compared = [g for g in self.greedy if g.status == IDENTICAL] + [s for s in self.sampled if s.n_reference]
+        if self.stopped or not compared:  # e.g. the reference refused every request
             return INCOMPLETE
         return CONSISTENT
 
