@@ -226,3 +226,22 @@ def test_logprobs_are_read_from_both_wire_formats():
     done = _parse_choice(plain, chat=False)
     assert done.tokens == ("a", " b") and done.top_logprobs[0] == {"a": -1.0}
     assert _parse_choice({"choices": [{"text": "x", "logprobs": None}]}, chat=False).tokens is None
+
+
+def test_greedy_compares_tokens_where_both_sides_give_them():
+    from specdec.audit.client import Completion
+    from specdec.audit.greedy import compare_greedy
+    from specdec.audit.prompts import Prompt
+
+    prompt = Prompt("p", "chat", None, "hi")
+    tops = ({"a": -0.1}, {" b": -0.2}, {" c": -0.3})
+    ref = Completion("a b c", ("a", " b", " c"), tops)
+    miss = compare_greedy(prompt, [ref, ref], [Completion("a b d", ("a", " b", " d"), tops)] * 2, 0.05)
+    assert miss.status == "different" and miss.unit == "token" and miss.first_difference == 2
+    assert miss.reference_around.endswith(" c") and miss.candidate_around.endswith(" d")
+    drift = ({"a": -0.1}, {" b": -2.0}, {" c": -0.3})  # same tokens, another distribution at position 1
+    assert compare_greedy(prompt, [ref, ref], [Completion("a b c", ref.tokens, drift)] * 2, 0.05).status == "different"
+    assert compare_greedy(prompt, [ref, ref], [ref, ref], 0.05).status == "identical"
+    other = Completion("a x", ("a", " x"), tops[:2])
+    varies = compare_greedy(prompt, [ref, other], [ref, ref], 0.05)
+    assert varies.status == "reference varies" and not varies.reference_deterministic
