@@ -72,10 +72,16 @@ def _greedy_tables(result: AuditResult, console: Console) -> None:
                   f"{len(result.greedy)} prompts" + (f"; it varies on {', '.join(varies)}" if varies else ""))
     for g in result.greedy:
         if g.status == DIFFERENT:
-            where = "error" if g.error else f"first difference at {g.unit} {g.first_difference}"
-            console.print(f"  [red]{g.prompt_id}[/]: {where}", highlight=False)
-            console.print(f"    reference: {g.reference_around!r}\n    candidate: {g.candidate_around!r}",
-                          highlight=False, markup=False)
+            tv = "" if g.max_logprob_tv is None else f"; next-token distributions up to TV {g.max_logprob_tv:.3f} apart"
+            if g.error:
+                console.print(f"  [red]{g.prompt_id}[/]: the candidate failed: {g.error}", highlight=False)
+            elif g.first_difference is None:
+                console.print(f"  [red]{g.prompt_id}[/]: the same {g.unit}s{tv}", highlight=False)
+            else:
+                console.print(f"  [red]{g.prompt_id}[/]: first difference at {g.unit} {g.first_difference}{tv}",
+                              highlight=False)
+                console.print(f"    reference: {g.reference_around!r}\n    candidate: {g.candidate_around!r}",
+                              highlight=False, markup=False)
 
 
 def _sampled_table(result: AuditResult, console: Console) -> None:
