@@ -87,7 +87,7 @@ _SERVERS: dict[tuple, "ServerProcess"] = {}
 class ServerProcess:
     """`specdec serve` on 127.0.0.1 at a free port; `url` is its base URL."""
 
-    def __init__(self, args: list[str], log_path: Path):
+    def __init__(self, args: list[str], log_path: Path, launcher: tuple[str, ...] = ("-m", "specdec.cli")):
         import socket
         import subprocess
         import sys
@@ -97,7 +97,7 @@ class ServerProcess:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "specdec.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [sys.executable, *launcher, "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--log-level", "warning", *args]
         # One thread: tiny models gain nothing from more, and on a busy 2-core machine OpenMP threads
         # that spin against each other make every forward pass 20x slower.

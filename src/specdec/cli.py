@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "specdec.commands.serve",
     "specdec.commands.train_draft",
     "specdec.bench.cli",
+    "specdec.commands.audit",
 ]
 
 

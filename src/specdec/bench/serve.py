@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.bench.cli import add_output_flags
+from specdec.commands import json_object
 from specdec.errors import InvalidRequestError
 
 SPEC_COUNTERS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")
@@ -40,23 +41,13 @@ def register(sub) -> None:
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
                    help="/v1/chat/completions or /v1/completions (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token ($OPENAI_API_KEY)")
-    p.add_argument("--extra-body", type=_json_object, default={},
+    p.add_argument("--extra-body", type=json_object, default={},
                    help="JSON merged into every request, e.g. '{\"draft\": \"none\"}' for our plain baseline")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default: %(default)s)")
     p.add_argument("--label", default="", help="a name for this run, kept in the JSON and the scoreboard row")
     p.add_argument("--change", default="", help="what changed since the last run, kept in the JSON")
     add_output_flags(p)
     p.set_defaults(func=run)
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object like '{\"draft\": \"none\"}'")
-    return value
 
 
 @dataclass
