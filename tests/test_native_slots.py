@@ -31,7 +31,10 @@ def native_pair(hf_target, max_slots: int, pack: bool = True) -> tuple[NativeSlo
 @pytest.mark.parametrize("pack", [True, False], ids=["prepacked", "plain"])
 def test_native_slots_rows_match_each_sequence_alone(tiny_target, pack):
     slots, _ = native_pair(tiny_target, max_slots=5, pack=pack)
-    alone = lambda: NativeLlama.from_hf(tiny_target.model, "alone", MAX_LENGTH, pack=pack, cuda_graphs=False)  # noqa: E731
+
+    def alone():
+        return NativeLlama.from_hf(tiny_target.model, "alone", MAX_LENGTH, pack=pack, cuda_graphs=False)
+
     same, total = assert_slots_match_alone(slots, alone, steps=60, exact=False)
     print(f"\nNativeSlots fp32 ({'prepacked' if pack else 'plain'}): logits bit-identical to alone in "
           f"{same}/{total} sequence calls, greedy tokens in {total}/{total}")

@@ -204,8 +204,9 @@ class LlamaNet(nn.Module):
                         [shape for shape, k in slices.items() if k is None])
         return layout
 
-    def run_rows(self, tokens: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqSpan], capture: tuple[int, ...] = (),
-             rope_pos: torch.Tensor | None = None, head_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_rows(self, tokens: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqSpan],
+                 capture: tuple[int, ...] = (), rope_pos: torch.Tensor | None = None,
+                 head_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens, pos [T] (the cache slots they go to); seqs as layer_step takes them; rope_pos [T]
         each token's position inside its own sequence (None: pos, one sequence from slot 0);
         head_rows [R] the rows the LM head runs over (None: all) -> logits [R, V] and features
@@ -233,7 +234,8 @@ class LlamaNet(nn.Module):
         """tokens [n] at positions start..start+n-1; each sees the slots up to its own position.
         capture: layers whose outputs come before the final-norm features (see run_rows)."""
         n = tokens.shape[0]
-        return self.run_rows(tokens, self.slot_ids[start:start + n], [self.eager_span(0, 0, start, n, self.slots)], capture)
+        span = self.eager_span(0, 0, start, n, self.slots)
+        return self.run_rows(tokens, self.slot_ids[start:start + n], [span], capture)
 
     def eager_span(self, row: int, base: int, start: int, n: int, limit: int) -> SeqSpan:
         """How the eager pass attends for one sequence whose n new tokens (rows row.. of the pass)
