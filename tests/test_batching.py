@@ -266,18 +266,33 @@ def test_breaking_out_of_a_handle_cancels_it(tiny_target):
     assert handle.done and len(handle.token_ids) < 40
 
 
-def assert_slots_match_alone(slots: SlotModel, make_alone, steps: int = 40, seed: int = 0) -> None:
-    """A random schedule of ragged calls over the slots (prefill chunks, verifies, plain steps, each
-    followed by a rollback or a release now and then): every sequence's logits equal, bit for bit,
-    those of its own CausalLM run alone (make_alone: () -> a fresh one). Any SlotModel must pass."""
+def assert_slots_match_alone(slots: SlotModel, make_alone, steps: int = 40, seed: int = 0,
+                             exact: bool = True) -> tuple[int, int]:
+    """A random schedule of ragged calls over the slots (prefill chunks, verifies, plain steps, some
+    asking for features or no logits, each followed by a rollback or a release now and then): every
+    sequence's logits and features equal, bit for bit, those of its own CausalLM run alone
+    (make_alone: () -> a fresh one). Any SlotModel must pass. exact=False: equal greedy tokens and
+    logits within 1e-5 only (matrices whose kernels differ by row count). Returns (sequence calls
+    whose logits were bit-identical, sequence calls)."""
     rng = random.Random(seed)
     alone = [make_alone() for _ in range(slots.max_slots)]
+    same = total = 0
     for _ in range(steps):
         chosen = rng.sample(range(slots.max_slots), rng.randint(1, slots.max_slots))
         tokens = [torch.tensor([rng.randrange(VOCAB) for _ in range(rng.choice([1, 1, 3, 7]))]) for _ in chosen]
-        out = slots.forward_ragged(chosen, tokens)
+        layers = [rng.choice([None, None, (), (0,)]) for _ in chosen]
+        want = [rng.random() < 0.9 for _ in chosen]
+        out = slots.forward_ragged(chosen, tokens, logits=want, features=layers)
         for i, (slot, new) in enumerate(zip(chosen, tokens)):
-            assert torch.equal(out.logits_of(i), alone[slot].forward(new))
+            logits, features = alone[slot].forward_with_hidden(new, layers[i] or ())
+            assert (out.features[i] is None) == (layers[i] is None)
+            if want[i]:
+                total += 1
+                same += torch.equal(out.logits_of(i), logits)
+                assert torch.equal(out.logits_of(i).argmax(-1), logits.argmax(-1))
+                torch.testing.assert_close(out.logits_of(i), logits, rtol=0, atol=0 if exact else 1e-5)
+            if layers[i] is not None:
+                torch.testing.assert_close(out.features[i], features, rtol=0, atol=0 if exact else 1e-5)
             if rng.random() < 0.1:
                 slots.release(slot)
                 alone[slot].reset()
@@ -286,6 +301,7 @@ def assert_slots_match_alone(slots: SlotModel, make_alone, steps: int = 40, seed
                 slots.rollback(slot, keep)
                 alone[slot].rollback(keep)
         assert [slots.cache_len(s) for s in range(slots.max_slots)] == [m.cache_len for m in alone]
+    return same, total
 
 
 def test_loop_slots_rows_are_each_model_alone(tiny_target):

@@ -16,6 +16,8 @@ the CPU's capabilities) and the layers just call `linear(x, w)`.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -48,45 +50,66 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + rotated * sin
 
 
+@dataclass(frozen=True)
+class SeqSpan:
+    """How one sequence's rows of a pass attend: rows row .. row + n - 1 of the pass see its own
+    cache slots base .. base + kv_len - 1. mask: [G*n, kv_len] additive (0 where the row may attend,
+    -inf elsewhere; built once per pass, not per layer), or None when every slot up to kv_len may be
+    seen (a single token). token_spans: one SDPA call per token over its own first slots (its G
+    query rows, the call its single-token step makes), so that a verify pass attends exactly as n
+    single steps would."""
+
+    row: int
+    n: int
+    base: int
+    kv_len: int
+    mask: torch.Tensor | None
+    token_spans: tuple[int, ...] = ()
+
+
 def layer_step(
     x: torch.Tensor, attn_norm: torch.Tensor, wqkv: torch.Tensor, bqkv: torch.Tensor | None,
     wo: torch.Tensor, bo: torch.Tensor | None, ffn_norm: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
-    cos: torch.Tensor, sin: torch.Tensor, kv_len: int, n_heads: int, n_kv_heads: int, eps: float,
-    token_spans: tuple[int, ...] = (),
+    k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    seqs: Sequence[SeqSpan], n_heads: int, n_kv_heads: int, eps: float,
 ) -> torch.Tensor:
-    """One decoder layer on x [n, D]; writes this step's k, v into the cache at `pos` [n].
-
-    mask: [G*n, kv_len] additive (0 where the row may attend, -inf elsewhere; built once per step,
-    not per layer), or None when every cached slot up to kv_len may be seen (a single token).
-    cos, sin: [n, hd], the RoPE tables at the tokens' positions. token_spans: one SDPA call per
-    token over its own span of slots (its G query rows, the call its single-token step makes), so
-    that a verify pass attends exactly as n single steps would.
-    """
-    n = x.shape[0]
+    """One decoder layer on x [T, D], the rows of one or more sequences; writes their k, v into the
+    cache at `pos` [T] (cache slots). cos, sin: [T, hd], the RoPE tables at each token's position
+    inside its own sequence. seqs: which rows attend over which slots, one SeqSpan a sequence in
+    row order; every matrix runs once over all T rows, attention once per sequence."""
+    t = x.shape[0]
     hd = k_cache.shape[-1]
-    group = n_heads // n_kv_heads
-    qkv = linear(rms_norm(x, attn_norm, eps), wqkv, bqkv)  # [n, (H + 2 Hkv) hd]
+    qkv = linear(rms_norm(x, attn_norm, eps), wqkv, bqkv)  # [T, (H + 2 Hkv) hd]
     q, k, v = qkv.split([n_heads * hd, n_kv_heads * hd, n_kv_heads * hd], dim=-1)
-    q = rotate(q.view(n, n_heads, hd), cos[:, None], sin[:, None])
-    k = rotate(k.view(n, n_kv_heads, hd), cos[:, None], sin[:, None])
+    q = rotate(q.view(t, n_heads, hd), cos[:, None], sin[:, None])
+    k = rotate(k.view(t, n_kv_heads, hd), cos[:, None], sin[:, None])
     k_cache[:, pos] = k.transpose(0, 1)
-    v_cache[:, pos] = v.view(n, n_kv_heads, hd).transpose(0, 1)
+    v_cache[:, pos] = v.view(t, n_kv_heads, hd).transpose(0, 1)
+    outs = [attend(q[s.row:s.row + s.n], k_cache, v_cache, s) for s in seqs]
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [T, H hd]
+    h = x + linear(out, wo, bo)
+    gate, up = linear(rms_norm(h, ffn_norm, eps), w13).chunk(2, dim=-1)  # [T, I] each
+    return h + linear(F.silu(gate) * up, w2)
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: SeqSpan) -> torch.Tensor:
+    """One sequence's attention: q [n, H, hd] (rotated) over its slots of k, v [Hkv, S, hd] -> [n, H hd]."""
+    n, n_heads, hd = q.shape
+    n_kv_heads = k_cache.shape[0]
+    group = n_heads // n_kv_heads
     # GQA without copying the cache: the G query heads of a KV head become G*n query rows.
-    q = q.view(n, n_kv_heads, group, hd).permute(1, 2, 0, 3).reshape(1, n_kv_heads, group * n, hd)
-    keys, values = k_cache[None, :, :kv_len], v_cache[None, :, :kv_len]  # [1, Hkv, kv_len, hd]
-    if token_spans:  # query rows are (g, token): token m's G rows are q[..., g * n + m, :]
+    q = q.reshape(n, n_kv_heads, group, hd).permute(1, 2, 0, 3).reshape(1, n_kv_heads, group * n, hd)
+    end = seq.base + seq.kv_len
+    keys, values = k_cache[None, :, seq.base:end], v_cache[None, :, seq.base:end]  # [1, Hkv, kv_len, hd]
+    if seq.token_spans:  # query rows are (g, token): token m's G rows are q[..., g * n + m, :]
         per_token = q.view(1, n_kv_heads, group, n, hd)
-        masks = mask.view(group, n, kv_len)
+        masks = seq.mask.view(group, n, seq.kv_len)
         out = torch.stack([F.scaled_dot_product_attention(per_token[:, :, :, m], keys[:, :, :span], values[:, :, :span],
                                                           attn_mask=masks[:, m, :span])
-                           for m, span in enumerate(token_spans)], dim=3)  # [1, Hkv, G, n, hd]
+                           for m, span in enumerate(seq.token_spans)], dim=3)  # [1, Hkv, G, n, hd]
     else:
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-    out = out.reshape(n_kv_heads, group, n, hd).permute(2, 0, 1, 3).reshape(n, n_heads * hd)
-    h = x + linear(out, wo, bo)
-    gate, up = linear(rms_norm(h, ffn_norm, eps), w13).chunk(2, dim=-1)  # [n, I] each
-    return h + linear(F.silu(gate) * up, w2)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=seq.mask)
+    return out.reshape(n_kv_heads, group, n, hd).permute(2, 0, 1, 3).reshape(n, n_heads * hd)
 
 
 class Block(nn.Module):
@@ -181,29 +204,42 @@ class LlamaNet(nn.Module):
                         [shape for shape, k in slices.items() if k is None])
         return layout
 
-    def _run(self, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, kv_len: int,
-             token_spans: tuple[int, ...] = (), capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens, pos [n]; mask and kv_len as layer_step takes them -> logits [n, V] and features
-        [n, (len(capture) + 1) * D]: the outputs of the layers in `capture` (a draft head's
+    def run_rows(self, tokens: torch.Tensor, pos: torch.Tensor, seqs: Sequence[SeqSpan],
+                 capture: tuple[int, ...] = (), rope_pos: torch.Tensor | None = None,
+                 head_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens, pos [T] (the cache slots they go to); seqs as layer_step takes them; rope_pos [T]
+        each token's position inside its own sequence (None: pos, one sequence from slot 0);
+        head_rows [R] the rows the LM head runs over (None: all) -> logits [R, V] and features
+        [T, (len(capture) + 1) * D]: the outputs of the layers in `capture` (a draft head's
         multi-layer features), then the final-norm features."""
         a = self.arch
-        x = self.embed(tokens)  # [n, D]
-        cos, sin = self.cos[pos], self.sin[pos]  # [n, hd]
+        x = self.embed(tokens)  # [T, D]
+        rope_pos = pos if rope_pos is None else rope_pos
+        cos, sin = self.cos[rope_pos], self.sin[rope_pos]  # [T, hd]
         captured = []
         for i, layer in enumerate(self.layers):
-            x = layer_step(x, *layer.weights(), layer.k_cache, layer.v_cache, pos, mask, cos, sin,
-                           kv_len, a.n_heads, a.n_kv_heads, a.norm_eps, token_spans)
+            x = layer_step(x, *layer.weights(), layer.k_cache, layer.v_cache, pos, cos, sin, seqs,
+                           a.n_heads, a.n_kv_heads, a.norm_eps)
             if i in capture:
                 captured.append(x)
-        hidden = rms_norm(x, self.norm, a.norm_eps)  # [n, D]
+        hidden = rms_norm(x, self.norm, a.norm_eps)  # [T, D]
         lm = self.lm_weight() if self._packed_lm is None else self._packed_lm
         features = torch.cat(captured + [hidden], dim=-1) if captured else hidden
-        return linear(hidden, lm), features  # [n, V], [n, (len(capture) + 1) * D]
+        head_in = hidden if head_rows is None else hidden[head_rows]
+        logits = linear(head_in, lm) if head_in.shape[0] else head_in.new_empty(0, a.vocab_size)
+        return logits, features  # [R, V], [T, (len(capture) + 1) * D]
 
     def forward_eager(self, tokens: torch.Tensor, start: int,
                       capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [n] at positions start..start+n-1; each sees the slots up to its own position.
-        capture: layers whose outputs come before the final-norm features (see _run).
+        capture: layers whose outputs come before the final-norm features (see run_rows)."""
+        n = tokens.shape[0]
+        span = self.eager_span(0, 0, start, n, self.slots)
+        return self.run_rows(tokens, self.slot_ids[start:start + n], [span], capture)
+
+    def eager_span(self, row: int, base: int, start: int, n: int, limit: int) -> SeqSpan:
+        """How the eager pass attends for one sequence whose n new tokens (rows row.. of the pass)
+        sit at positions start.. of its cache, slots base .. base + limit - 1.
 
         With row_count_invariant, attention always runs with a mask over whole blocks of ATTN_SPAN slots, and
         a pass of 2..EXACT_PASS_ROWS tokens (a verify pass) attends token by token, each token's
@@ -213,16 +249,15 @@ class LlamaNet(nn.Module):
         on a Xeon; masked over blocks, one row in 16 at one layer on an AMD EPYC, as a batch too;
         enough to flip bf16 near-ties. Otherwise (fp32, whose layouts differ by row count anyway)
         a single token attends over exactly start+1 slots without a mask, ~3% faster a step on the Xeon."""
-        n = tokens.shape[0]
         span = start + n
         if self.row_count_invariant:
-            span = self._whole_blocks(span)
-        pos = self.slot_ids[start:start + n]
-        mask = self._additive_mask(pos, self.slot_ids[:span]) if n > 1 or self.row_count_invariant else None
+            span = self._whole_blocks(span, limit)
+        positions = self.slot_ids[start:start + n]  # inside the sequence, as its mask sees them
+        mask = self._additive_mask(positions, self.slot_ids[:span]) if n > 1 or self.row_count_invariant else None
         spans = ()
         if self.row_count_invariant and 1 < n <= EXACT_PASS_ROWS:
-            spans = tuple(self._whole_blocks(start + m + 1) for m in range(n))
-        return self._run(tokens, pos, mask, span, spans, capture)
+            spans = tuple(self._whole_blocks(start + m + 1, limit) for m in range(n))
+        return SeqSpan(row, n, base, span, mask, spans)
 
     def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, fused: bool = False,
                        capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,11 +271,13 @@ class LlamaNet(nn.Module):
 
             return triton_ops.forward(self, tokens, pos, capture)
         mask = self._additive_mask(pos, self.slot_ids)  # [G*n, S]
-        return self._run(tokens, pos, mask, self.slots, capture=capture)
+        return self.run_rows(tokens, pos, [SeqSpan(0, tokens.shape[0], 0, self.slots, mask)], capture)
 
-    def _whole_blocks(self, length: int) -> int:
-        """The slots a row_count_invariant step attends over for `length` tokens: whole ATTN_SPAN blocks."""
-        return min(self.slots, -(-length // ATTN_SPAN) * ATTN_SPAN)
+    @staticmethod
+    def _whole_blocks(length: int, limit: int) -> int:
+        """The slots a row_count_invariant step attends over for `length` tokens: whole ATTN_SPAN
+        blocks, at most `limit` (the sequence's own slots)."""
+        return min(limit, -(-length // ATTN_SPAN) * ATTN_SPAN)
 
     def _additive_mask(self, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """[G*n, len(slots)]: 0 where the row's position may see the slot (slot <= pos), else -inf."""

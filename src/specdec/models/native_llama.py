@@ -150,17 +150,10 @@ class NativeLlama(CausalLM):
         generate() baselines, training data, the self-quantized drafters, as the hf backend exposes
         it. On a GPU it can be dropped (no second copy there).
         """
-        arch = arch_from_hf(hf_model.config)
-        weight = hf_model.get_input_embeddings().weight
-        max_length = min(max_length or 4096, arch.max_position)
-        net = build_net(arch, _slots(max_length, options), weight.device, weight.dtype)
-        load_hf_state(net, hf_model.state_dict())
+        max_length = min(max_length or 4096, arch_from_hf(hf_model.config).max_position)
+        net = net_from_hf(hf_model, _slots(max_length, options))
         model = cls(net, name, max_length, **options)
-        if model.device.type == "cpu":
-            net.embed.weight = weight  # the kept model's own table: no second copy
-            if pack is not False and not model.options.fused:
-                net.pack_for_cpu()  # the layout cpu_matrix.choose_layout picks for this CPU (or none)
-            model.model = hf_model
+        model.model = adopt_on_cpu(net, hf_model, pack is not False and not model.options.fused)
         return model
 
     @classmethod
@@ -245,6 +238,26 @@ class NativeLlama(CausalLM):
                 step_fn = functools.partial(self.net.forward_static, fused=self.options.fused, capture=layers)
             self._graphs[rows, layers] = _StepGraph(self.net, rows, step_fn)
         return self._graphs[rows, layers]
+
+
+def net_from_hf(hf_model, slots: int) -> LlamaNet:
+    """A net of `slots` cache slots holding the weights of a loaded transformers model, where they live."""
+    weight = hf_model.get_input_embeddings().weight
+    net = build_net(arch_from_hf(hf_model.config), slots, weight.device, weight.dtype)
+    load_hf_state(net, hf_model.state_dict())
+    return net
+
+
+def adopt_on_cpu(net: LlamaNet, hf_model, pack: bool):
+    """On a CPU: the net shares hf_model's embedding table (no second copy) and, with `pack`, holds
+    its matrices as cpu_matrix.choose_layout picks for this CPU (or plain); hf_model is returned to
+    be kept as the model's `.model`. Elsewhere nothing happens and None is returned."""
+    if net.slot_ids.device.type != "cpu":
+        return None
+    net.embed.weight = hf_model.get_input_embeddings().weight
+    if pack:
+        net.pack_for_cpu()
+    return hf_model
 
 
 def _slots(max_length: int, choices: dict) -> int:
