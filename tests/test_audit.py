@@ -14,6 +14,7 @@ it requires an API key, so every audit also checks that keys go to their own sid
 from __future__ import annotations
 
 import json
+import math
 import socket
 import subprocess
 import sys
@@ -245,3 +246,18 @@ def test_greedy_compares_tokens_where_both_sides_give_them():
     other = Completion("a x", ("a", " x"), tops[:2])
     varies = compare_greedy(prompt, [ref, other], [ref, ref], 0.05)
     assert varies.status == "reference varies" and not varies.reference_deterministic
+
+
+def test_logprob_drift_counts_only_beyond_the_references_own_spread():
+    from specdec.audit.client import Completion
+    from specdec.audit.sampled import _first_logprob_tv
+
+    def answer(p_a: float) -> Completion:
+        return Completion("a", tokens=("a",), top_logprobs=({"a": math.log(p_a), "b": math.log(1 - p_a)},))
+
+    steady = [answer(0.6)] * 3
+    assert _first_logprob_tv(steady, [answer(0.6)]) == 0.0
+    assert abs(_first_logprob_tv(steady, [answer(0.5)]) - 0.1) < 1e-9  # a real difference is seen
+    wobbly = [answer(0.6), answer(0.54)]  # the reference itself moves by 0.06 between requests
+    assert abs(_first_logprob_tv(wobbly, [answer(0.55)]) - 0.0) < 1e-9
+    assert abs(_first_logprob_tv(wobbly, [answer(0.4)]) - 0.14) < 1e-9

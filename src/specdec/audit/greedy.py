@@ -53,6 +53,9 @@ def compare_greedy(prompt: Prompt, ref: list[Completion], cand: list[Completion]
     cand_same = all(_same(c1, c) for c in cand[1:])
     unit, first = _first_difference(r1, next((c for c in cand if not _same(r1, c)), c1))
     tv = _max_logprob_tv(r1, c1, first if unit == "token" else None)
+    if tv is not None and len(ref) > 1:  # drift counts beyond the reference's own, asked twice
+        own = _max_logprob_tv(r1, ref[1], None)
+        tv = max(0.0, tv - own) if own is not None else tv
     if any(r.error for r in ref):
         status, error = REFERENCE_ERROR, next(r.error for r in ref if r.error)
     elif not ref_same:

@@ -84,8 +84,13 @@ def _counts(samples: list[tuple[str, ...]]) -> dict[str, int]:
 
 
 def _first_logprob_tv(ref: list[Completion], cand: list[Completion]) -> float | None:
+    """How far the candidate's first-token distributions lie from the reference's, beyond the spread
+    of the reference's own (every completion of a prompt has the same first context, so a
+    deterministic server reports one distribution; a server whose own numerics vary from request to
+    request must not make the other side look different)."""
     tops_r = [c.top_logprobs[0] for c in ref if c.top_logprobs]
     tops_c = [c.top_logprobs[0] for c in cand if c.top_logprobs]
     if not tops_r or not tops_c:
         return None
-    return max(logprob_tv(tops_r[0], t) for t in tops_c)
+    own_spread = max(logprob_tv(tops_r[0], t) for t in tops_r)
+    return max(0.0, max(logprob_tv(tops_r[0], t) for t in tops_c) - own_spread)

@@ -418,76 +418,101 @@ def run_cpu(args) -> int:
     import torch
 
     from specdec.bench.scoreboard import machine_name
-    from specdec.drafters.none import NoDrafter
-    from specdec.engine import Engine, GenerationConfig
-    from specdec.models.loader import load_model
-    from specdec.models.cpu_matrix import CpuLayout
     from specdec.models.cpu_threads import use_threads
-    from specdec.models.llama_net import build_net, load_hf_state
-    from specdec.models.native_llama import NativeLlama
+    from specdec.models.loader import load_model
+    from specdec.runtime import encode_prompt
 
     use_threads(args.threads or None)
     loaded = load_model("default", device="cpu", backend="hf")
     hf = loaded.model.model
-    native = NativeLlama.from_hf(hf, loaded.name, max_length=1024)
+    engines = _cpu_engines(hf, loaded.name)
+    prompt = encode_prompt(loaded.tokenizer, "Write a short story about a lighthouse keeper who finds a message in a bottle.")
+    n = 16 if args.smoke else 64
+    rates, same = _cpu_rates(engines, hf, prompt, n, loaded.tokenizer.eos_token_id, args.smoke)
+    layout = engines["native"].target.net.cpu_layout
+    res = {"machine": machine_name(), "torch": torch.__version__, "model": loaded.name, "new_tokens": n,
+           "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
+           "native_one_row": layout.one_row, "native_plain_rows": layout.plain_rows,
+           "native_tokens_per_s": rates["native"], "hf_generate_tokens_per_s": rates["hf"],
+           "ratio_median": _median_ratio(rates["native"], rates["hf"]), "same_tokens": same,
+           "native_bf16_tokens_per_s": rates["bf16"], "native_prepacked_single_row_tokens_per_s": rates["prepacked"],
+           "layout_gain_median": _median_ratio(rates["native"], rates["prepacked"]),
+           "bf16_ratio_median": _median_ratio(rates["bf16"], rates["hf"]),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out_path = Path(args.out_dir) / "gpu-cpu.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(res, indent=1))
+    _print_cpu(res, loaded.name)
+    return 0
+
+
+def _cpu_engines(hf, name: str) -> dict:
+    """Engines without a draft over the native model as shipped, with every step prepacked, and in bf16."""
+    import torch
+
+    from specdec.drafters.none import NoDrafter
+    from specdec.engine import Engine
+    from specdec.models.cpu_matrix import CpuLayout
+    from specdec.models.llama_net import build_net, load_hf_state
+    from specdec.models.native_llama import NativeLlama
+
+    native = NativeLlama.from_hf(hf, name, max_length=1024)
     # the other single-row layout: every step through the oneDNN-prepacked matrices
-    before = NativeLlama.from_hf(hf, loaded.name + " prepacked", max_length=1024, pack=False)
-    before.net.pack_for_cpu(CpuLayout(one_row="packed"))
+    prepacked = NativeLlama.from_hf(hf, name + " prepacked", max_length=1024, pack=False)
+    prepacked.net.pack_for_cpu(CpuLayout(one_row="packed"))
     bf16_net = build_net(native.arch, native.net.slots, native.device, torch.bfloat16)
     load_hf_state(bf16_net, hf.state_dict())  # copy_ rounds the fp32 weights; hf stays fp32
-    native_bf16 = NativeLlama(bf16_net, loaded.name + " bf16", max_length=1024)
-    from specdec.runtime import encode_prompt
+    bf16 = NativeLlama(bf16_net, name + " bf16", max_length=1024)
+    return {key: Engine(model, NoDrafter(native.device))
+            for key, model in (("native", native), ("prepacked", prepacked), ("bf16", bf16))}
 
-    prompt = encode_prompt(loaded.tokenizer, "Write a short story about a lighthouse keeper who finds a message in a bottle.")
-    eos = loaded.tokenizer.eos_token_id
-    n = 16 if args.smoke else 64
-    engine = Engine(native, NoDrafter(native.device))
+
+def _cpu_rates(engines: dict, hf, prompt: list[int], n: int, eos: int, smoke: bool) -> tuple[dict, bool]:
+    """Tokens/s of each engine and of hf.generate(), alternating run by run; and whether all gave the same tokens."""
+    import torch
+
+    from specdec.engine import GenerationConfig
+
     config = GenerationConfig(max_new_tokens=n, k=1, ignore_eos=True)
     ids = torch.tensor([prompt])
-    engine_bf16 = Engine(native_bf16, NoDrafter(native.device))
-    engine_before = Engine(before, NoDrafter(native.device))
-    native_tps, hf_tps, bf16_tps, before_tps, same = [], [], [], [], True
+    rates, same = {key: [] for key in (*engines, "hf")}, True
     with torch.inference_mode():
-        if not args.smoke:  # first calls allocate and warm caches: untimed
-            for e in (engine, engine_before, engine_bf16):
-                e.generate(prompt, GenerationConfig(max_new_tokens=4, k=1, ignore_eos=True))
+        if not smoke:  # first calls allocate and warm caches: untimed
+            for engine in engines.values():
+                engine.generate(prompt, GenerationConfig(max_new_tokens=4, k=1, ignore_eos=True))
             hf.generate(ids, max_new_tokens=4, do_sample=False)
-        for _ in range(1 if args.smoke else 5):
-            gen = engine.generate(prompt, config)
-            native_tps.append(gen.stats.tokens_per_second)
-            prepacked = engine_before.generate(prompt, config)
-            before_tps.append(prepacked.stats.tokens_per_second)
-            same = same and prepacked.token_ids == gen.token_ids
-            bf16_tps.append(engine_bf16.generate(prompt, config).stats.tokens_per_second)
+        for _ in range(1 if smoke else 5):
+            gens = {key: engine.generate(prompt, config) for key, engine in engines.items()}
+            for key, gen in gens.items():
+                rates[key].append(gen.stats.tokens_per_second)
+            gen = gens["native"]
+            same = same and gens["prepacked"].token_ids == gen.token_ids
             t0 = time.perf_counter()
             hf.generate(ids, max_new_tokens=1, do_sample=False)
             t1 = time.perf_counter()
             out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
             t2 = time.perf_counter()
-            hf_tps.append((n - 1) / ((t2 - t1) - (t1 - t0)))
+            rates["hf"].append((n - 1) / ((t2 - t1) - (t1 - t0)))
             # generate() with min_new_tokens bans EOS, the engine (ignore_eos) emits it: compare up to it.
             cut = gen.token_ids.index(eos) if eos in gen.token_ids else n
             same = same and out[0, len(prompt):len(prompt) + cut].tolist() == gen.token_ids[:cut]
-    res = {"machine": machine_name(), "torch": torch.__version__, "model": loaded.name, "new_tokens": n,
-           "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
-           "native_one_row": native.net.cpu_layout.one_row, "native_plain_rows": native.net.cpu_layout.plain_rows,
-           "native_tokens_per_s": native_tps, "hf_generate_tokens_per_s": hf_tps,
-           "ratio_median": statistics.median(a / b for a, b in zip(native_tps, hf_tps)), "same_tokens": same,
-           "native_bf16_tokens_per_s": bf16_tps, "native_prepacked_single_row_tokens_per_s": before_tps,
-           "layout_gain_median": statistics.median(a / b for a, b in zip(native_tps, before_tps)),
-           "bf16_ratio_median": statistics.median(a / b for a, b in zip(bf16_tps, hf_tps)),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    out_path = Path(args.out_dir) / "gpu-cpu.json"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(res, indent=1))
+    return rates, same
+
+
+def _median_ratio(a: list[float], b: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def _print_cpu(res: dict, name: str) -> None:
+    med = {key: statistics.median(res[key]) for key in ("native_tokens_per_s", "native_prepacked_single_row_tokens_per_s",
+                                                       "hf_generate_tokens_per_s", "native_bf16_tokens_per_s")}
     print(f"CPU ({res['machine']}, {res['threads']} threads, load average {res['load_average'][0]:.1f}), "
-          f"{loaded.name}, {n} new tokens, greedy, A/B alternating:")
-    print(f"  native path (engine, no draft): {statistics.median(native_tps):6.1f} tok/s  {native_tps}"
-          f"  (one-row steps read: {native.net.cpu_layout.one_row}, cpu_matrix.choose_layout)")
-    print(f"  native, every step prepacked:   {statistics.median(before_tps):6.1f} tok/s  {before_tps}"
-          f"  (layout gain {res['layout_gain_median']:.2f}x)")
-    print(f"  transformers generate():        {statistics.median(hf_tps):6.1f} tok/s  {hf_tps}")
-    print(f"  ratio native / generate:        {res['ratio_median']:6.2f}x   same tokens: {same}")
-    print(f"  native path in bf16 weights:    {statistics.median(bf16_tps):6.1f} tok/s  {bf16_tps}"
+          f"{name}, {res['new_tokens']} new tokens, greedy, A/B alternating:")
+    print(f"  native path (engine, no draft): {med['native_tokens_per_s']:6.1f} tok/s  {res['native_tokens_per_s']}"
+          f"  (one-row steps read: {res['native_one_row']}, cpu_matrix.choose_layout)")
+    print(f"  native, every step prepacked:   {med['native_prepacked_single_row_tokens_per_s']:6.1f} tok/s  "
+          f"{res['native_prepacked_single_row_tokens_per_s']}  (layout gain {res['layout_gain_median']:.2f}x)")
+    print(f"  transformers generate():        {med['hf_generate_tokens_per_s']:6.1f} tok/s  {res['hf_generate_tokens_per_s']}")
+    print(f"  ratio native / generate:        {res['ratio_median']:6.2f}x   same tokens: {res['same_tokens']}")
+    print(f"  native path in bf16 weights:    {med['native_bf16_tokens_per_s']:6.1f} tok/s  {res['native_bf16_tokens_per_s']}"
           f"  ({res['bf16_ratio_median']:.2f}x generate in fp32; other numerics, not like for like)")
-    return 0
