@@ -11,12 +11,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.errors import InvalidRequestError
+
 BUILTIN = Path(__file__).resolve().parent.parent / "data" / "audit_prompts.jsonl"
 ROLES = ("system", "developer", "user", "assistant")
 
 
-class AuditInputError(ValueError):
-    """Bad input the user can fix (a prompts file, a flag, a server that cannot be reached): exit 2."""
+class AuditInputError(InvalidRequestError):
+    """Bad input the user can fix (a prompts file, a flag, a server that cannot be reached): one line
+    and exit 2, like every specdec input error (cli.main)."""
 
 
 @dataclass(frozen=True)
