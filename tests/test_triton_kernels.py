@@ -7,6 +7,8 @@ import torch
 
 triton_ops = pytest.importorskip("specdec.models.triton_ops")
 
+from specdec.models import triton_attention  # noqa: E402
+
 from specdec.drafters.lookup import LookupDrafter  # noqa: E402
 from specdec.drafters.none import NoDrafter  # noqa: E402
 from specdec.engine import Engine, GenerationConfig  # noqa: E402
@@ -96,7 +98,7 @@ def test_qkv_rope_and_attention_match_torch(bias):
     x, g = randn(n, d), randn(d) + 1
     w, b = randn((n_heads + 2 * n_kv) * hd, d), (randn((n_heads + 2 * n_kv) * hd) if bias else None)
     inp = triton_ops.NormInput(x * g, (x * x).sum(-1)[:, None], 1e-5)
-    q = triton_ops.qkv_rope(inp, w, b, cos, sin, pos, k_cache, v_cache, n_heads, n_kv)
+    q = triton_ops.qkv_rope(inp, w, b, cos, sin, pos, pos, k_cache, v_cache, n_heads, n_kv)
     qkv = rms_norm(x, g, 1e-5) @ w.T + (b if bias else 0)
     q_ref, k_ref, v_ref = qkv.split([n_heads * hd, n_kv * hd, n_kv * hd], dim=-1)
     close = dict(atol=1e-4, rtol=1e-4)
@@ -105,7 +107,8 @@ def test_qkv_rope_and_attention_match_torch(bias):
                                **close)
     torch.testing.assert_close(v_cache[:, pos], v_ref.view(n, n_kv, hd).transpose(0, 1), **close)
 
-    out = triton_ops.attention(q, k_cache, v_cache, pos, n_heads, n_kv)
+    out = triton_attention.attention(q, k_cache, v_cache, pos, triton_attention.one_sequence(n, n_heads // n_kv, slots, pos.device),
+                                     n_heads, n_kv)
     for i, p in enumerate(pos.tolist()):  # each token sees the slots up to its own position
         keys = k_cache[:, :p + 1].repeat_interleave(n_heads // n_kv, 0)
         values = v_cache[:, :p + 1].repeat_interleave(n_heads // n_kv, 0)

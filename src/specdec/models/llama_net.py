@@ -267,9 +267,9 @@ class LlamaNet(nn.Module):
         triton_ops instead (six per layer, each row computed independently of the row count;
         they mask by position inside the attention kernel)."""
         if fused:
-            from specdec.models import triton_ops
+            from specdec.models import triton_forward
 
-            return triton_ops.forward(self, tokens, pos, capture)
+            return triton_forward.forward(self, tokens, pos, capture)
         mask = self._additive_mask(pos, self.slot_ids)  # [G*n, S]
         return self.run_rows(tokens, pos, [SeqSpan(0, tokens.shape[0], 0, self.slots, mask)], capture)
 

@@ -202,8 +202,9 @@ class NativeLlama(CausalLM):
             raise ValueError(f"{start} cached + {n} new tokens exceed the cache of {self.max_length}")
         layers = check_feature_layers(layers, self.arch.n_layers) if layers else ()
         rows = self._graph_rows(n)
-        if rows is None:
-            logits, hidden = self.net.forward_eager(tokens.to(self.device), start, layers)
+        if rows is None:  # the fused kernels unrecorded where the graphs run them: prefill writes the same k, v
+            run = self._fused_pass if self.options.fused else self.net.forward_eager
+            logits, hidden = run(tokens.to(self.device), start, layers)
             logits = logits.float()
         else:
             step = self._graph(rows, layers)
@@ -214,6 +215,13 @@ class NativeLlama(CausalLM):
             hidden = step.hidden[:n].clone() if want_hidden else None
         self._len = start + n
         return logits, hidden
+
+    def _fused_pass(self, tokens: torch.Tensor, start: int, layers: tuple[int, ...]):
+        """A pass too long for a graph through the graphs' own kernels, so that its k and v (and
+        logits) have the bits a batched NativeSlots pass gives the same tokens (rule 6)."""
+        from specdec.models.triton_forward import forward
+
+        return forward(self.net, tokens, self.net.slot_ids[start:start + tokens.shape[0]], layers)
 
     # -- CUDA graphs -------------------------------------------------------------------------
     def capture(self, *row_counts: int) -> None:

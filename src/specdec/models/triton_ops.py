@@ -64,7 +64,7 @@ TILES = [(16, 256, 4, 4, 1), (16, 512, 4, 3, 1), (32, 256, 4, 4, 1), (32, 128, 4
 INTERPRETER_TILE = (16, 32, 4, 1, 1)  # Triton's interpreter (the CPU tests) cannot time: one fixed tile
 # Split-K tile counters per device, zeroed once and reset by the kernels: GEMVs on one device share
 # them, so they must run one after another (one stream, as the engine's steps do).
-MAX_TILES = 1 << 15
+MAX_TILES = 1 << 18  # 1 MB of counters: a prefill pass of 64 prompts x 384 tokens has 49152 tiles
 
 
 @triton.jit
@@ -93,63 +93,126 @@ def _start_short_kernel(PDL: tl.constexpr):
 
 
 @triton.jit
-def _gemv_loop(x_ptr, w_ptr, rm, rn, rn2, row_ok, col_ok, K, k_first, k_stop, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, TWO: tl.constexpr,
-               PRECISION: tl.constexpr):
-    """sum over k in [k_first, k_stop) of x[rm, k] * w[rn, k] ([rows, cols] fp32), and of w[rn2, k]
-    too when TWO. Nothing but loads and tensor-core products in the loop: a norm or scale applied to
-    x here slowed the weight stream itself (docs/gpu.md), so inputs come normalised or scaled."""
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_first, k_stop, BLOCK_K):
-        kk = k0 + rk
-        if EVEN_K:
-            x_mask = row_ok[:, None]
-            w_mask = col_ok[:, None]
-        else:
-            x_mask = row_ok[:, None] & (kk < K)[None, :]
-            w_mask = col_ok[:, None] & (kk < K)[None, :]
-        x = tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=x_mask, other=0.0)
-        w = tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
-        acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
-        if TWO:
-            w2 = tl.load(w_ptr + rn2[:, None] * K + kk[None, :], mask=w_mask, other=0.0)
-            acc2 += tl.dot(x, tl.trans(w2), input_precision=PRECISION)
-    return acc, acc2
+def _load_rows(x_ptr, rm, M, kk, K, EVEN_K: tl.constexpr):
+    """x[rm, kk] ([rows, BLOCK_K]), zero past the last row (and past K)."""
+    if EVEN_K:
+        mask = (rm < M)[:, None]
+    else:
+        mask = (rm < M)[:, None] & (kk < K)[None, :]
+    return tl.load(x_ptr + rm[:, None] * K + kk[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
-def _split_k_sum(acc, acc2, part_ptr, count_ptr, split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 TWO: tl.constexpr, SPLIT: tl.constexpr):
-    """-> (whether this program completes its tile, the tile's sums). SPLIT > 1: each of the tile's
-    programs (m, n, s) leaves an fp32 partial; the one that brings the tile's count to SPLIT (an
-    atomic count) adds them in the fixed order 0..SPLIT-1, so the result is deterministic and a row's
-    arithmetic does not depend on the row count, and sets the count back to 0 for the next GEMV."""
-    if SPLIT == 1:
-        done = True
-        total = acc
-        total2 = acc2
-    else:
-        rows = tl.num_programs(0) * BLOCK_M
-        cols = tl.num_programs(1) * BLOCK_N
-        cell = ((tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M))[:, None] * cols
-                + (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N))[None, :])  # partials: [SPLIT, 2, rows, cols]
-        tl.store(part_ptr + (split * 2 * rows) * cols + cell, acc)
+def _gemv_loop(x_ptr, w_ptr, rm, rn, rn2, M, col_ok, K, k_first, k_stop, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, TWO: tl.constexpr,
+               PRECISION: tl.constexpr, GROUPS: tl.constexpr):
+    """sum over k in [k_first, k_stop) of x[r, k] * w[rn, k] ([BLOCK_M, BLOCK_N] fp32), and of
+    w[rn2, k] too when TWO, for each of GROUPS row groups: rows rm, rm + BLOCK_M, ... (up to 4).
+
+    Each group is its own BLOCK_M-row product, the very arithmetic of a one-group program, so a
+    row gets the same bits in any group of any program; the groups share each weight tile, so a
+    pass of 64 rows streams the weights once, not four times. Nothing but loads and tensor-core
+    products in the loop: a norm or scale applied to x here slowed the weight stream itself
+    (docs/gpu.md), so inputs come normalised or scaled."""
+    rk = tl.arange(0, BLOCK_K)
+    a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    a1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    a2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    a3 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    b0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    b1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    b2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    b3 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_first, k_stop, BLOCK_K):
+        kk = k0 + rk
+        if EVEN_K:
+            w_mask = col_ok[:, None]
+        else:
+            w_mask = col_ok[:, None] & (kk < K)[None, :]
+        w = tl.trans(tl.load(w_ptr + rn[:, None] * K + kk[None, :], mask=w_mask, other=0.0))
         if TWO:
-            tl.store(part_ptr + ((split * 2 + 1) * rows) * cols + cell, acc2)
+            w2 = tl.trans(tl.load(w_ptr + rn2[:, None] * K + kk[None, :], mask=w_mask, other=0.0))
+        x = _load_rows(x_ptr, rm, M, kk, K, EVEN_K)
+        a0 += tl.dot(x, w, input_precision=PRECISION)
+        if TWO:
+            b0 += tl.dot(x, w2, input_precision=PRECISION)
+        if GROUPS > 1:
+            x = _load_rows(x_ptr, rm + BLOCK_M, M, kk, K, EVEN_K)
+            a1 += tl.dot(x, w, input_precision=PRECISION)
+            if TWO:
+                b1 += tl.dot(x, w2, input_precision=PRECISION)
+        if GROUPS > 2:
+            x = _load_rows(x_ptr, rm + 2 * BLOCK_M, M, kk, K, EVEN_K)
+            a2 += tl.dot(x, w, input_precision=PRECISION)
+            if TWO:
+                b2 += tl.dot(x, w2, input_precision=PRECISION)
+            x = _load_rows(x_ptr, rm + 3 * BLOCK_M, M, kk, K, EVEN_K)
+            a3 += tl.dot(x, w, input_precision=PRECISION)
+            if TWO:
+                b3 += tl.dot(x, w2, input_precision=PRECISION)
+    return a0, b0, a1, b1, a2, b2, a3, b3
+
+
+@triton.jit
+def _split_cells(rm, BLOCK_N: tl.constexpr):
+    """The partials' cells of rows rm in this program's column tile: [rows, BLOCK_N] offsets
+    into one [rows capacity, cols] plane."""
+    cols = tl.num_programs(1) * BLOCK_N
+    return rm[:, None] * cols + (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]
+
+
+@triton.jit
+def _split_store(acc, acc2, part_ptr, split, rm, plane, BLOCK_N: tl.constexpr, TWO: tl.constexpr):
+    """Leave this slice's fp32 partials of rows rm (partials: [SPLIT, 2, plane])."""
+    cell = _split_cells(rm, BLOCK_N)
+    tl.store(part_ptr + split * 2 * plane + cell, acc)
+    if TWO:
+        tl.store(part_ptr + (split * 2 + 1) * plane + cell, acc2)
+
+
+@triton.jit
+def _split_total(part_ptr, rm, plane, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TWO: tl.constexpr,
+                 SPLIT: tl.constexpr):
+    """The sums of rows rm's partials over the slices, added in the fixed order 0..SPLIT-1."""
+    cell = _split_cells(rm, BLOCK_N)
+    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    total2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        total += tl.load(part_ptr + s * 2 * plane + cell, cache_modifier=".cg")
+        if TWO:
+            total2 += tl.load(part_ptr + (s * 2 + 1) * plane + cell, cache_modifier=".cg")
+    return total, total2
+
+
+@triton.jit
+def _split_k_sum(a0, b0, a1, b1, a2, b2, a3, b3, rm, part_ptr, count_ptr, split, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, TWO: tl.constexpr, SPLIT: tl.constexpr, GROUPS: tl.constexpr):
+    """-> (whether this program completes its tile, the tile's sums of every row group). SPLIT > 1:
+    each of the tile's programs (m, n, s) leaves fp32 partials; the one that brings the tile's count
+    to SPLIT (an atomic count) adds them in the fixed order 0..SPLIT-1, so the result is
+    deterministic and a row's arithmetic does not depend on the row count, and sets the count back
+    to 0 for the next GEMV."""
+    done = True
+    if SPLIT > 1:
+        plane = tl.num_programs(0) * GROUPS * BLOCK_M * tl.num_programs(1) * BLOCK_N
+        _split_store(a0, b0, part_ptr, split, rm, plane, BLOCK_N, TWO)
+        if GROUPS > 1:
+            _split_store(a1, b1, part_ptr, split, rm + BLOCK_M, plane, BLOCK_N, TWO)
+        if GROUPS > 2:
+            _split_store(a2, b2, part_ptr, split, rm + 2 * BLOCK_M, plane, BLOCK_N, TWO)
+            _split_store(a3, b3, part_ptr, split, rm + 3 * BLOCK_M, plane, BLOCK_N, TWO)
         tl.debug_barrier()  # every thread's partial is written before the count says so
         tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
         done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT - 1  # the last of the tile
-        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        total2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if done:
-            for s in tl.static_range(SPLIT):
-                total += tl.load(part_ptr + (s * 2 * rows) * cols + cell, cache_modifier=".cg")
-                if TWO:
-                    total2 += tl.load(part_ptr + ((s * 2 + 1) * rows) * cols + cell, cache_modifier=".cg")
+            a0, b0 = _split_total(part_ptr, rm, plane, BLOCK_M, BLOCK_N, TWO, SPLIT)
+            if GROUPS > 1:
+                a1, b1 = _split_total(part_ptr, rm + BLOCK_M, plane, BLOCK_M, BLOCK_N, TWO, SPLIT)
+            if GROUPS > 2:
+                a2, b2 = _split_total(part_ptr, rm + 2 * BLOCK_M, plane, BLOCK_M, BLOCK_N, TWO, SPLIT)
+                a3, b3 = _split_total(part_ptr, rm + 3 * BLOCK_M, plane, BLOCK_M, BLOCK_N, TWO, SPLIT)
             tl.atomic_xchg(count_ptr + tile, 0)  # ready for the next GEMV (kernels run one after another)
-    return done, total, total2
+    return done, a0, b0, a1, b1, a2, b2, a3, b3
 
 
 @triton.jit
@@ -165,8 +228,16 @@ def _rstd(sq_ptr, rm, row_ok, T, eps, D, T_BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _gemv_epilogue(acc, acc_up, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_out_ptr, rm, rn, row_ok, col_ok, M, N,
-                   HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, EMIT: tl.constexpr):
+def _gemv_epilogue(acc, acc_up, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm, rn, col_ok,
+                   M, N, T_in, eps, K, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr,
+                   NORMED: tl.constexpr, EMIT: tl.constexpr, T_BLOCK: tl.constexpr):
+    """One row group's output: the norm's rstd (NORMED), bias, silu(gate) * up, residual, then y
+    (and with EMIT y * g and y's sums of squares for the next NORMED GEMV)."""
+    row_ok = rm < M
+    if NORMED:
+        rstd = _rstd(sq_in_ptr, rm, row_ok, T_in, eps, K, T_BLOCK)[:, None]
+        acc *= rstd
+        acc_up *= rstd
     dtype = y_ptr.dtype.element_ty
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -195,88 +266,117 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, sq_in_ptr, g_ptr, scaled_ptr
                  HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, NORMED: tl.constexpr,
                  EMIT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, T_BLOCK: tl.constexpr = 1,
-                 PDL: tl.constexpr = 0):
+                 GROUPS: tl.constexpr = 1, PDL: tl.constexpr = 0):
     """y[m, n] = epilogue(sum_k x[m, k] * w[n, k]); with SWIGLU, w has 2N rows (gate, up).
 
     NORMED: x is rms_norm's input times the norm weight, and the accumulator is scaled by each
     row's rstd (from the sums of squares sq_in, [M, T_in]) before rounding: rms_norm(x0) @ w.T =
     rstd * ((x0 * g) @ w.T). EMIT: also write y * g and y's sums of squares per column tile
     ([M, N / BLOCK_N]), the next NORMED GEMV's inputs. SPLIT > 1 (split-K, for matrices too small to
-    keep every SM streaming): see _split_k_sum."""
+    keep every SM streaming): see _split_k_sum. GROUPS: row groups of BLOCK_M per program (_gemv_loop)."""
     pid_m, pid_n, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = pid_m * (GROUPS * BLOCK_M) + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rm < M
     col_ok = rn < N
     _wait_for_inputs(PDL)
     k_first = split * k_per_split
-    acc, acc_up = _gemv_loop(x_ptr, w_ptr, rm, rn, rn + N, row_ok, col_ok, K, k_first,
-                             tl.minimum(k_first + k_per_split, K), BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SWIGLU, PRECISION)
+    a0, b0, a1, b1, a2, b2, a3, b3 = _gemv_loop(
+        x_ptr, w_ptr, rm, rn, rn + N, M, col_ok, K, k_first, tl.minimum(k_first + k_per_split, K),
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SWIGLU, PRECISION, GROUPS)
     _let_next_start(PDL)
-    done, acc, acc_up = _split_k_sum(acc, acc_up, part_ptr, count_ptr, split, BLOCK_M, BLOCK_N, SWIGLU, SPLIT)
+    done, a0, b0, a1, b1, a2, b2, a3, b3 = _split_k_sum(a0, b0, a1, b1, a2, b2, a3, b3, rm, part_ptr, count_ptr,
+                                                        split, BLOCK_M, BLOCK_N, SWIGLU, SPLIT, GROUPS)
     if done:
-        if NORMED:
-            rstd = _rstd(sq_in_ptr, rm, row_ok, T_in, eps, K, T_BLOCK)[:, None]
-            acc *= rstd
-            acc_up *= rstd
-        _gemv_epilogue(acc, acc_up, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_out_ptr, rm, rn, row_ok, col_ok,
-                       M, N, HAS_BIAS, RESIDUAL, SWIGLU, EMIT)
+        _gemv_epilogue(a0, b0, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm, rn, col_ok,
+                       M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK)
+        if GROUPS > 1:
+            _gemv_epilogue(a1, b1, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm + BLOCK_M, rn,
+                           col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK)
+        if GROUPS > 2:
+            _gemv_epilogue(a2, b2, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm + 2 * BLOCK_M,
+                           rn, col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK)
+            _gemv_epilogue(a3, b3, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm + 3 * BLOCK_M,
+                           rn, col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK)
+
+
+@triton.jit
+def _qkv_epilogue(acc1, acc2, rm, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr, q_ptr,
+                  k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H: tl.constexpr, HKV: tl.constexpr,
+                  HD: tl.constexpr, HAS_BIAS: tl.constexpr, T_BLOCK: tl.constexpr):
+    """One row group of q/k/v: rstd, bias, RoPE at each row's position, then q out or k/v to the cache."""
+    half: tl.constexpr = HD // 2
+    rn = head * HD + d
+    row_ok = rm < M
+    dtype = q_ptr.dtype.element_ty
+    rstd = _rstd(sq_ptr, rm, row_ok, T_in, eps, K, T_BLOCK)[:, None]
+    y1 = acc1 * rstd
+    y2 = acc2 * rstd
+    if HAS_BIAS:
+        y1 += tl.load(b_ptr + rn).to(tl.float32)[None, :]
+        y2 += tl.load(b_ptr + rn + half).to(tl.float32)[None, :]
+    x1 = y1.to(dtype)
+    x2 = y2.to(dtype)
+    slot = tl.load(slot_ptr + rm, mask=row_ok, other=0)
+    mask = row_ok[:, None]
+    if head < H + HKV:  # q or k: x * cos + rotate_half(x) * sin, each product rounded as torch does
+        at = tl.load(rope_ptr + rm, mask=row_ok, other=0)
+        c = tl.load(cos_ptr + at[:, None] * HD + d[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + at[:, None] * HD + d[None, :], mask=mask, other=0.0).to(tl.float32)
+        a1 = x1.to(tl.float32)
+        a2 = x2.to(tl.float32)
+        r1 = ((a1 * c).to(dtype).to(tl.float32) + (-a2 * s).to(dtype).to(tl.float32)).to(dtype)
+        r2 = ((a2 * c).to(dtype).to(tl.float32) + (a1 * s).to(dtype).to(tl.float32)).to(dtype)
+        if head < H:
+            dst = q_ptr + rm[:, None] * (H * HD) + head * HD + d[None, :]
+        else:
+            dst = k_cache_ptr + ((head - H) * S + slot[:, None]) * HD + d[None, :]
+        tl.store(dst, r1, mask=mask)
+        tl.store(dst + half, r2, mask=mask)
+    else:
+        dst = v_cache_ptr + ((head - H - HKV) * S + slot[:, None]) * HD + d[None, :]
+        tl.store(dst, x1, mask=mask)
+        tl.store(dst + half, x2, mask=mask)
 
 
 @triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
 @triton.jit
-def _qkv_rope_kernel(x_ptr, w_ptr, b_ptr, sq_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
-                     part_ptr, count_ptr, M, K, S, k_per_split, T_in, eps,
+def _qkv_rope_kernel(x_ptr, w_ptr, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr, q_ptr, k_cache_ptr,
+                     v_cache_ptr, part_ptr, count_ptr, M, K, S, k_per_split, T_in, eps,
                      H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr,
                      PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SPLIT: tl.constexpr, EVEN_K: tl.constexpr, T_BLOCK: tl.constexpr = 1, PDL: tl.constexpr = 0):
+                     SPLIT: tl.constexpr, EVEN_K: tl.constexpr, T_BLOCK: tl.constexpr = 1, GROUPS: tl.constexpr = 1,
+                     PDL: tl.constexpr = 0):
     """The q/k/v GEMV of normalised x (as _gemv_kernel's NORMED) with RoPE in its epilogue: program
     (m, n, s) takes the same BLOCK_N columns of both halves of one head, so it holds each pair that
     RoPE rotates together; q heads go to q [M, H * hd], k and v heads into the caches [Hkv, S, hd]
-    at slot pos[m]. cos/sin: the net's tables [S, hd], read at each row's position."""
+    at cache slot slot[m]. cos/sin: the net's tables [S, hd], read at each row's position rope[m]
+    (inside its own sequence: a sequence of a slot cache starts at another slot than position 0)."""
     half: tl.constexpr = HD // 2
     per_head: tl.constexpr = half // BLOCK_N
     pid_m, pid_n, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     head = pid_n // per_head
     d = (pid_n % per_head) * BLOCK_N + tl.arange(0, BLOCK_N)  # columns within the first half of the head
     rn = head * HD + d
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rm < M
+    rm = pid_m * (GROUPS * BLOCK_M) + tl.arange(0, BLOCK_M)
     _wait_for_inputs(PDL)
     k_first = split * k_per_split
-    acc1, acc2 = _gemv_loop(x_ptr, w_ptr, rm, rn, rn + half, row_ok, rn >= 0, K, k_first,
-                            tl.minimum(k_first + k_per_split, K), BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION)
+    a0, b0, a1, b1, a2, b2, a3, b3 = _gemv_loop(
+        x_ptr, w_ptr, rm, rn, rn + half, M, rn >= 0, K, k_first, tl.minimum(k_first + k_per_split, K),
+        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION, GROUPS)
     _let_next_start(PDL)
-    done, acc1, acc2 = _split_k_sum(acc1, acc2, part_ptr, count_ptr, split, BLOCK_M, BLOCK_N, True, SPLIT)
+    done, a0, b0, a1, b1, a2, b2, a3, b3 = _split_k_sum(a0, b0, a1, b1, a2, b2, a3, b3, rm, part_ptr, count_ptr,
+                                                        split, BLOCK_M, BLOCK_N, True, SPLIT, GROUPS)
     if done:
-        dtype = q_ptr.dtype.element_ty
-        rstd = _rstd(sq_ptr, rm, row_ok, T_in, eps, K, T_BLOCK)[:, None]
-        y1 = acc1 * rstd
-        y2 = acc2 * rstd
-        if HAS_BIAS:
-            y1 += tl.load(b_ptr + rn).to(tl.float32)[None, :]
-            y2 += tl.load(b_ptr + rn + half).to(tl.float32)[None, :]
-        x1 = y1.to(dtype)
-        x2 = y2.to(dtype)
-        slot = tl.load(pos_ptr + rm, mask=row_ok, other=0)
-        mask = row_ok[:, None]
-        if head < H + HKV:  # q or k: x * cos + rotate_half(x) * sin, each product rounded as torch does
-            c = tl.load(cos_ptr + slot[:, None] * HD + d[None, :], mask=mask, other=0.0).to(tl.float32)
-            s = tl.load(sin_ptr + slot[:, None] * HD + d[None, :], mask=mask, other=0.0).to(tl.float32)
-            a1 = x1.to(tl.float32)
-            a2 = x2.to(tl.float32)
-            r1 = ((a1 * c).to(dtype).to(tl.float32) + (-a2 * s).to(dtype).to(tl.float32)).to(dtype)
-            r2 = ((a2 * c).to(dtype).to(tl.float32) + (a1 * s).to(dtype).to(tl.float32)).to(dtype)
-            if head < H:
-                dst = q_ptr + rm[:, None] * (H * HD) + head * HD + d[None, :]
-            else:
-                dst = k_cache_ptr + ((head - H) * S + slot[:, None]) * HD + d[None, :]
-            tl.store(dst, r1, mask=mask)
-            tl.store(dst + half, r2, mask=mask)
-        else:
-            dst = v_cache_ptr + ((head - H - HKV) * S + slot[:, None]) * HD + d[None, :]
-            tl.store(dst, x1, mask=mask)
-            tl.store(dst + half, x2, mask=mask)
+        _qkv_epilogue(a0, b0, rm, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr, q_ptr, k_cache_ptr,
+                      v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK)
+        if GROUPS > 1:
+            _qkv_epilogue(a1, b1, rm + BLOCK_M, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr, q_ptr,
+                          k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK)
+        if GROUPS > 2:
+            _qkv_epilogue(a2, b2, rm + 2 * BLOCK_M, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr,
+                          q_ptr, k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK)
+            _qkv_epilogue(a3, b3, rm + 3 * BLOCK_M, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr,
+                          q_ptr, k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK)
 
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -325,14 +425,33 @@ class NormInput:
     eps: float
 
 
-def _split_parts(grid: tuple[int, int, int], block_n: int, device: torch.device) -> torch.Tensor:
+def row_groups(m: int, block_k: int) -> int:
+    """Row groups of ROWS per GEMV program for a pass of m rows (_gemv_loop): more rows share each
+    weight tile as passes grow, as many as keep the x tiles of a step (groups x ROWS x BLOCK_K)
+    within 16K elements (more spilled registers on an H200). Any choice gives a row the same bits,
+    so this may follow m."""
+    return min(1 if m <= ROWS else 2 if m <= 2 * ROWS else 4, max(1, 1024 // block_k))
+
+
+SHARED_BYTES = 200 << 10  # shared memory a GEMV program's pipeline may fill (an H100/H200 SM has 228 KB)
+
+
+def _stages(tile: tuple, groups: int, two: bool, itemsize: int) -> int:
+    """The tile's pipeline depth, cut where its row groups' x tiles would overflow shared memory
+    (stages change when loads are issued, never the arithmetic)."""
+    block_n, block_k, _, stages, _ = tile
+    per_stage = (block_n * (2 if two else 1) + groups * ROWS) * block_k * itemsize
+    return max(1, min(stages, SHARED_BYTES // per_stage))
+
+
+def _split_parts(grid: tuple[int, int, int], groups: int, block_n: int, device: torch.device) -> torch.Tensor:
     """fp32 partials [split, 2, rows, cols] of a split-K launch over `grid` (unsplit: any tensor, never written)."""
     row_blocks, col_blocks, split = grid
     if split == 1:
         return _tile_counters(device)
     if row_blocks * col_blocks > MAX_TILES:
         raise ValueError(f"split-K GEMV of {row_blocks * col_blocks} tiles: more than MAX_TILES")
-    return torch.empty(split, 2, row_blocks * ROWS, col_blocks * block_n, dtype=torch.float32, device=device)
+    return torch.empty(split, 2, row_blocks * groups * ROWS, col_blocks * block_n, dtype=torch.float32, device=device)
 
 
 def _gemv(x: torch.Tensor | NormInput, w, bias, residual, swiglu: bool, next_norm: torch.Tensor | None):
@@ -353,25 +472,37 @@ def _gemv(x: torch.Tensor | NormInput, w, bias, residual, swiglu: bool, next_nor
         block_n, block_k, warps, stages, split = tile
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         # Row blocks vary fastest: the programs of one weight tile run side by side and share its
-        # reads through L2, so a pass of more than 16 rows does not stream the weights again per block.
-        grid = (triton.cdiv(m, ROWS), triton.cdiv(n, block_n), split)
+        # reads through L2 (and each holds up to four row groups: row_groups).
+        groups = row_groups(m, block_k)
+        grid = (triton.cdiv(m, ROWS * groups), triton.cdiv(n, block_n), split)
         scaled = torch.empty_like(y) if next_norm is not None else y
         sq_out = torch.empty(m, grid[1], dtype=torch.float32, device=x.device) if next_norm is not None else y
         b, res, sq, g = (y if a is None else a for a in operands)  # unused operands: any pointer (never read)
         _gemv_kernel[grid](
-            x, weight, b, res, y, sq, g, scaled, sq_out, _split_parts(grid, block_n, x.device),
+            x, weight, b, res, y, sq, g, scaled, sq_out, _split_parts(grid, groups, block_n, x.device),
             _tile_counters(x.device), m, n, k, triton.cdiv(triton.cdiv(k, split), block_k) * block_k, t_in,
             0.0 if normed is None else normed.eps, **flags, PRECISION=_precision(x), BLOCK_M=ROWS, BLOCK_N=block_n,
-            BLOCK_K=block_k, SPLIT=split, T_BLOCK=triton.next_power_of_2(t_in), num_warps=warps,
-            num_stages=stages, **_launch_options(x.device))
+            BLOCK_K=block_k, SPLIT=split, T_BLOCK=triton.next_power_of_2(t_in), GROUPS=groups, num_warps=warps,
+            num_stages=_stages(tile, groups, swiglu, x.element_size()), **_launch_options(x.device))
         out.update(y=y, scaled=scaled, sq=sq_out)
         return y
 
     key = (n, k, tuple(flags.values()), x.dtype, x.device)
     if key not in _chosen_tiles:
-        _chosen_tiles[key] = INTERPRETER_TILE if _INTERPRETED else _tune(launch, w)
+        if m > 1 and not _INTERPRETED:  # tuned for a single-token step, whatever pass comes first
+            _gemv(_first_row(normed or x), w, bias, None if residual is None else residual[:1], swiglu, next_norm)
+        else:
+            _chosen_tiles[key] = INTERPRETER_TILE if _INTERPRETED else _tune(launch, w)
     launch(w, _chosen_tiles[key])
     return out["y"], out["scaled"], out["sq"]
+
+
+def _first_row(x: torch.Tensor | NormInput) -> torch.Tensor | NormInput:
+    """A one-row input like x: the tile tuner times the single-token steps that decode is made of
+    (a tile chosen on a long prefill pass ran a 1-row step of the 8B model 35% slower on an H200)."""
+    if isinstance(x, NormInput):
+        return NormInput(x.scaled[:1], x.sq[:1], x.eps)
+    return x[:1]
 
 
 def gemv(x: torch.Tensor | NormInput, w: torch.Tensor, bias: torch.Tensor | None = None,
@@ -429,33 +560,38 @@ def _tune(launch, w: torch.Tensor, tiles: list[tuple] = TILES) -> tuple:
 
 
 def qkv_rope(inp: NormInput, w: torch.Tensor, bias: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-             pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int,
+             rope: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_heads: int,
              n_kv_heads: int) -> torch.Tensor:
     """rms_norm(x) @ wqkv.T (+ bias) with RoPE, in one kernel: -> rotated q [n, H * hd]; rotated k and
-    v go to the caches [Hkv, S, hd] at slots pos [n]. cos, sin: the tables [S, hd]."""
+    v go to the caches [Hkv, S, hd] at cache slots `slots` [n]. cos, sin: the tables [S, hd], read
+    at each row's position `rope` [n] (one sequence from slot 0: the same tensor as slots)."""
     x = inp.scaled.contiguous()
     m, k = x.shape
-    hd, slots = k_cache.shape[-1], k_cache.shape[1]
+    hd, n_slots = k_cache.shape[-1], k_cache.shape[1]
     heads = n_heads + 2 * n_kv_heads
     t_in = inp.sq.shape[1]
     q = torch.empty(m, n_heads * hd, dtype=x.dtype, device=x.device)
 
     def launch(weight, tile):
         block_n, block_k, warps, stages, split = tile
-        grid = (triton.cdiv(m, ROWS), heads * (hd // 2 // block_n), split)
+        groups = row_groups(m, block_k)
+        grid = (triton.cdiv(m, ROWS * groups), heads * (hd // 2 // block_n), split)
         _qkv_rope_kernel[grid](
-            x, weight, weight if bias is None else bias, inp.sq, cos, sin, pos, q, k_cache, v_cache,
-            _split_parts(grid, block_n, x.device), _tile_counters(x.device), m, k, slots,
+            x, weight, weight if bias is None else bias, inp.sq, cos, sin, rope, slots, q, k_cache, v_cache,
+            _split_parts(grid, groups, block_n, x.device), _tile_counters(x.device), m, k, n_slots,
             triton.cdiv(triton.cdiv(k, split), block_k) * block_k, t_in, inp.eps, H=n_heads, HKV=n_kv_heads, HD=hd,
             HAS_BIAS=bias is not None, PRECISION=_precision(x), BLOCK_M=ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
-            SPLIT=split, T_BLOCK=triton.next_power_of_2(t_in), num_warps=warps, num_stages=stages,
-            **_launch_options(x.device))
+            SPLIT=split, T_BLOCK=triton.next_power_of_2(t_in), GROUPS=groups, num_warps=warps,
+            num_stages=_stages(tile, groups, True, x.element_size()), **_launch_options(x.device))
         return q
 
     key = ("qkv-rope", heads * hd, k, hd, bias is not None, x.dtype, x.device)
     if key not in _chosen_tiles:  # a tile holds columns of one half of a head: BLOCK_N divides hd / 2
-        tiles = [t for t in TILES if (hd // 2) % t[0] == 0]
-        _chosen_tiles[key] = INTERPRETER_TILE if _INTERPRETED else _tune(launch, w, tiles)
+        if m > 1 and not _INTERPRETED:  # tuned at one row (see _first_row); it rewrites row 0's k, v alike
+            qkv_rope(_first_row(inp), w, bias, cos, sin, rope[:1], slots[:1], k_cache, v_cache, n_heads, n_kv_heads)
+        else:
+            tiles = [t for t in TILES if (hd // 2) % t[0] == 0]
+            _chosen_tiles[key] = INTERPRETER_TILE if _INTERPRETED else _tune(launch, w, tiles)
     return launch(w, _chosen_tiles[key])
 
 
@@ -487,111 +623,6 @@ def embed(tokens: torch.Tensor, table: torch.Tensor, norm: torch.Tensor, eps: fl
     return x, NormInput(scaled, sq, eps)
 
 
-CHUNK = 128  # cache slots per attention program (split-KV): a 512-token context is 4-5 programs per KV head
-
-
-@triton.jit
-def _attention_chunk_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, ml_ptr, M, S, R, scale_log2,
-                            H: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, PRECISION: tl.constexpr,
-                            BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr,
-                            PDL: tl.constexpr = 0):
-    """Program (kv head, chunk of CHUNK_S slots, row block): the unnormalised softmax(q k^T) v of
-    its rows over its chunk, with their running max and sum, for the combine kernel. Rows are
-    (token m, query head g of this KV head): r = m * G + g; a row sees the slots <= its position.
-    Chunks past the last token's position do nothing (the combine kernel stops before them)."""
-    _start_short_kernel(PDL)
-    kvh = tl.program_id(0)
-    chunk = tl.program_id(1)
-    r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
-    end = tl.load(pos_ptr + M - 1) + 1  # the last token has the largest position
-    first = chunk * CHUNK_S
-    if first < end:
-        m = r // G
-        valid = m < M
-        head = kvh * G + r % G
-        d = tl.arange(0, HD)
-        q = tl.load(q_ptr + (m * H + head)[:, None] * HD + d[None, :], mask=valid[:, None], other=0.0)
-        row_pos = tl.load(pos_ptr + m, mask=valid, other=0)
-        m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
-        base = kvh * S * HD
-        for s0 in range(first, tl.minimum(first + CHUNK_S, end), BLOCK_S):
-            s = s0 + tl.arange(0, BLOCK_S)
-            kv_off = base + s[:, None] * HD + d[None, :]
-            keys = tl.load(k_ptr + kv_off, mask=(s < S)[:, None], other=0.0)
-            scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION) * scale_log2  # [R, BLOCK_S]
-            scores = tl.where(s[None, :] <= row_pos[:, None], scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            # A row that sees nothing of this chunk keeps m = -inf, l = 0, acc = 0 (no NaN from -inf - -inf).
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(scores - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            values = tl.load(v_ptr + kv_off, mask=(s < S)[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values, input_precision=PRECISION)
-            m_i = m_new
-        slot = (kvh * tl.num_programs(1) + chunk) * R + r  # [BLOCK_R] rows of this (head, chunk)
-        tl.store(acc_ptr + slot[:, None] * HD + d[None, :], acc)
-        tl.store(ml_ptr + slot * 2, m_i)
-        tl.store(ml_ptr + slot * 2 + 1, l_i)
-
-
-@triton.jit
-def _attention_combine_kernel(acc_ptr, ml_ptr, pos_ptr, out_ptr, M, R, n_chunks,
-                              H: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
-                              BLOCK_R: tl.constexpr, CHUNK_S: tl.constexpr, PDL: tl.constexpr = 0):
-    """Program (kv head, row block): merge the chunks in order (a chunk a row cannot see adds
-    exactly nothing), normalise, write [n, H * hd]."""
-    _start_short_kernel(PDL)
-    kvh = tl.program_id(0)
-    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    m = r // G
-    valid = m < M
-    head = kvh * G + r % G
-    d = tl.arange(0, HD)
-    used = (tl.load(pos_ptr + M - 1) + CHUNK_S) // CHUNK_S  # chunks up to the last position
-    m_run = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    l_run = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
-    for c in range(0, used):
-        slot = (kvh * n_chunks + c) * R + r
-        m_c = tl.load(ml_ptr + slot * 2)
-        l_c = tl.load(ml_ptr + slot * 2 + 1)
-        m_new = tl.maximum(m_run, m_c)  # finite from chunk 0 on: every row sees slot 0
-        a = tl.exp2(m_run - m_new)
-        b = tl.exp2(m_c - m_new)
-        l_run = l_run * a + l_c * b
-        acc = acc * a[:, None] + tl.load(acc_ptr + slot[:, None] * HD + d[None, :]) * b[:, None]
-        m_run = m_new
-    out = (acc / l_run[:, None]).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + (m * H + head)[:, None] * HD + d[None, :], out, mask=valid[:, None])
-
-
-def attention(q, k_cache, v_cache, pos, n_heads: int, n_kv_heads: int) -> torch.Tensor:
-    """q [n, H * hd] at positions pos [n] (consecutive) -> [n, H * hd] over the cached k, v.
-
-    Split over the cache (flash-decoding): one program per KV head, chunk of CHUNK slots and
-    block of 16 rows, then a combine kernel; a single loop over a 512-token cache per KV head took
-    ~10 us a layer on an H200 (7% of an 8B step), for 8 programs on 132 SMs."""
-    n = q.shape[0]
-    hd, slots = k_cache.shape[-1], k_cache.shape[1]
-    group = n_heads // n_kv_heads
-    row_blocks = triton.cdiv(n * group, ROWS)
-    rows, n_chunks = row_blocks * ROWS, triton.cdiv(slots, CHUNK)
-    partial = torch.empty(n_kv_heads * n_chunks * rows, hd, dtype=torch.float32, device=q.device)
-    max_sum = torch.empty(n_kv_heads * n_chunks * rows, 2, dtype=torch.float32, device=q.device)
-    _attention_chunk_kernel[(n_kv_heads, n_chunks, row_blocks)](
-        q, k_cache, v_cache, pos, partial, max_sum, n, slots, rows, math.log2(math.e) / math.sqrt(hd),
-        H=n_heads, G=group, HD=hd, PRECISION=_precision(q), BLOCK_R=ROWS, BLOCK_S=64, CHUNK_S=CHUNK,
-        num_warps=4, **_launch_options(q.device))
-    out = torch.empty_like(q)
-    _attention_combine_kernel[(n_kv_heads, row_blocks)](
-        partial, max_sum, pos, out, n, rows, n_chunks, H=n_heads, G=group, HD=hd, BLOCK_R=ROWS, CHUNK_S=CHUNK,
-        num_warps=4, **_launch_options(q.device))
-    return out
-
-
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     _start_short_kernel(PDL)
@@ -620,36 +651,3 @@ def supports(arch) -> str | None:
     if hd < 32 or hd & (hd - 1):  # tensor-core tiles of 16 columns in each half of a head
         return f"head dim {hd} is not a power of two >= 32"
     return None
-
-
-def fused_layer_step(x: torch.Tensor, inp: NormInput, block, pos: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor, arch, next_norm: torch.Tensor | None) -> tuple[torch.Tensor, NormInput | None]:
-    """One decoder layer in six kernels: x [n, D] (and its NormInput) -> the layer's output and the
-    next layer's NormInput (next_norm: that layer's attn_norm; None after the last layer)."""
-    eps = arch.norm_eps
-    q = qkv_rope(inp, block.wqkv.weight, block.wqkv.bias, cos, sin, pos, block.k_cache, block.v_cache,
-                 arch.n_heads, arch.n_kv_heads)
-    out = attention(q, block.k_cache, block.v_cache, pos, arch.n_heads, arch.n_kv_heads)
-    h, h_in = gemv_then_norm(out, block.wo.weight, block.ffn_norm, eps, bias=block.wo.bias, residual=x)
-    act = gemv(h_in, block.w13.weight, swiglu=True)
-    if next_norm is None:
-        return gemv(act, block.w2.weight, residual=h), None
-    return gemv_then_norm(act, block.w2.weight, next_norm, eps, residual=h)
-
-
-def forward(net, tokens: torch.Tensor, pos: torch.Tensor,
-            capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
-    """LlamaNet.forward_static through these kernels: tokens, pos [n] -> logits [n, V], features
-    [n, (len(capture) + 1) * D] (the outputs of the layers in `capture`, then the final-norm features)."""
-    a = net.arch
-    layers = net.layers
-    x, inp = embed(tokens, net.embed.weight, layers[0].attn_norm, a.norm_eps)
-    captured = []
-    for i, block in enumerate(layers):
-        next_norm = layers[i + 1].attn_norm if i + 1 < len(layers) else None
-        x, inp = fused_layer_step(x, inp, block, pos, net.cos, net.sin, a, next_norm)
-        if i in capture:
-            captured.append(x)  # a new tensor per layer: nothing overwrites it
-    hidden = rms_norm(x, net.norm, a.norm_eps)  # [n, D]
-    features = torch.cat(captured + [hidden], dim=-1) if captured else hidden
-    return gemv(hidden, net.lm_weight()), features

@@ -1,0 +1,217 @@
+"""Decode attention in Triton over a cache that holds one sequence or many (flash-decoding).
+
+The query rows of a pass are (token m of a sequence, query head g of a KV head): r = m * G + g,
+taken in blocks of ROWS rows that never mix sequences. A block table says, for block b, where its
+sequence's tokens start in the pass (tok0), how many it has (ntok), which of the sequence's
+rows the block starts at (r0, a multiple of ROWS) and where the sequence's cache starts (base):
+token m at position p (inside its own sequence) sees the cache slots base .. base + p.
+
+Programs (KV head, block, chunk of CHUNK slots) compute the unnormalised softmax(q k^T) v of
+their rows over their chunk, with the running max and sum (online softmax); a combine program per
+(KV head, block) merges the chunks in order. A sequence's rows fall into the same blocks, at the
+same lanes, and see the same chunks whatever shares the pass, so a token gets the same bits alone
+(NativeLlama's one sequence at slot 0) or in any batch of a slot cache (NativeSlots): rule 6 of
+the design. Chunks and rows a row may not see are fully masked and change nothing (their weight is
+exactly 0, the others' exactly 1).
+
+One sequence runs a grid over every (block, chunk) with the chunks past its end doing nothing (the
+graph of a step does not know the cache length); a ragged batch brings a work list of the (block,
+chunk) pairs that exist (its host knows every length), run by a fixed number of programs: a grid
+over every slot of 64 sequences would be mostly empty programs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec.models.triton_ops import ROWS, _launch_options, _precision, _start_short_kernel
+
+CHUNK = 128  # cache slots per attention program (split-KV): a 512-token context is 4-5 programs per KV head
+BLOCK_FIELDS = 4  # a block table row: tok0, ntok, r0, base
+
+
+@triton.jit
+def _block(blocks_ptr, b, M, BLOCK_R: tl.constexpr, ONE: tl.constexpr):
+    """Block b's (tok0, ntok, r0, base): from the table, or with ONE (a single sequence of M tokens
+    from slot 0) from b itself, sparing a single step's kernels the dependent loads."""
+    if ONE:
+        tok0 = 0
+        ntok = M
+        r0 = b * BLOCK_R
+        base = 0
+    else:
+        tok0 = tl.load(blocks_ptr + b * 4)
+        ntok = tl.load(blocks_ptr + b * 4 + 1)
+        r0 = tl.load(blocks_ptr + b * 4 + 2)
+        base = tl.load(blocks_ptr + b * 4 + 3)
+    return tok0, ntok, r0, base
+
+
+@triton.jit
+def _attend_chunk(q_ptr, k_ptr, v_ptr, rope_ptr, acc_ptr, ml_ptr, S, NB, n_chunks, scale_log2,
+                  kvh, b, chunk, tok0, ntok, r0, base, H: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
+                  PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK_S: tl.constexpr):
+    """Block b's rows over chunk `chunk` of its sequence's cache (see the module docstring)."""
+    if ntok > 0:
+        end = tl.load(rope_ptr + tok0 + ntok - 1) + 1  # the sequence's last token has the largest position
+        first = chunk * CHUNK_S
+        if first < end:
+            r = r0 + tl.arange(0, BLOCK_R)
+            m = r // G
+            valid = m < ntok
+            head = kvh * G + r % G
+            d = tl.arange(0, HD)
+            q = tl.load(q_ptr + ((tok0 + m) * H + head)[:, None] * HD + d[None, :], mask=valid[:, None], other=0.0)
+            row_pos = tl.load(rope_ptr + tok0 + m, mask=valid, other=0)
+            m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
+            for s0 in range(first, tl.minimum(first + CHUNK_S, end), BLOCK_S):
+                s = s0 + tl.arange(0, BLOCK_S)
+                kv_off = (kvh * S + base + s)[:, None] * HD + d[None, :]
+                inside = (base + s < S)[:, None]
+                keys = tl.load(k_ptr + kv_off, mask=inside, other=0.0)
+                scores = tl.dot(q, tl.trans(keys), input_precision=PRECISION) * scale_log2  # [R, BLOCK_S]
+                scores = tl.where(s[None, :] <= row_pos[:, None], scores, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+                # A row that sees nothing of this chunk keeps m = -inf, l = 0, acc = 0 (no NaN from -inf - -inf).
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(scores - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                values = tl.load(v_ptr + kv_off, mask=inside, other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(p.to(values.dtype), values, input_precision=PRECISION)
+                m_i = m_new
+            slot = ((kvh * NB + b) * n_chunks + chunk) * BLOCK_R + tl.arange(0, BLOCK_R)
+            tl.store(acc_ptr + slot[:, None] * HD + d[None, :], acc)
+            tl.store(ml_ptr + slot * 2, m_i)
+            tl.store(ml_ptr + slot * 2 + 1, l_i)
+
+
+@triton.jit
+def _attention_chunk_kernel(q_ptr, k_ptr, v_ptr, rope_ptr, blocks_ptr, work_ptr, count_ptr, acc_ptr, ml_ptr,
+                            S, NB, n_chunks, M, scale_log2, H: tl.constexpr, G: tl.constexpr, HD: tl.constexpr,
+                            PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr,
+                            CHUNK_S: tl.constexpr, WORKLIST: tl.constexpr, ONE: tl.constexpr, PDL: tl.constexpr = 0):
+    """Grid (KV head, chunk, block), or with WORKLIST (KV head, P): program p runs the work list's
+    (block, chunk) pairs p, p + P, ... of the count_ptr[0] there are. ONE: see _block."""
+    _start_short_kernel(PDL)
+    kvh = tl.program_id(0)
+    if WORKLIST:
+        for i in range(tl.program_id(1), tl.load(count_ptr), tl.num_programs(1)):
+            b = tl.load(work_ptr + 2 * i)
+            tok0, ntok, r0, base = _block(blocks_ptr, b, M, BLOCK_R, ONE)
+            _attend_chunk(q_ptr, k_ptr, v_ptr, rope_ptr, acc_ptr, ml_ptr, S, NB, n_chunks, scale_log2, kvh, b,
+                          tl.load(work_ptr + 2 * i + 1), tok0, ntok, r0, base, H, G, HD, PRECISION,
+                          BLOCK_R, BLOCK_S, CHUNK_S)
+    else:
+        b = tl.program_id(2)
+        tok0, ntok, r0, base = _block(blocks_ptr, b, M, BLOCK_R, ONE)
+        _attend_chunk(q_ptr, k_ptr, v_ptr, rope_ptr, acc_ptr, ml_ptr, S, NB, n_chunks, scale_log2, kvh, b,
+                      tl.program_id(1), tok0, ntok, r0, base, H, G, HD, PRECISION, BLOCK_R, BLOCK_S, CHUNK_S)
+
+
+@triton.jit
+def _attention_combine_kernel(acc_ptr, ml_ptr, rope_ptr, blocks_ptr, out_ptr, NB, n_chunks, M,
+                              H: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, BLOCK_R: tl.constexpr,
+                              CHUNK_S: tl.constexpr, ONE: tl.constexpr, PDL: tl.constexpr = 0):
+    """Program (kv head, block): merge the block's chunks in order (a chunk a row cannot see adds
+    exactly nothing), normalise, write its rows of out [T, H * hd]."""
+    _start_short_kernel(PDL)
+    kvh = tl.program_id(0)
+    b = tl.program_id(1)
+    tok0, ntok, r0, _ = _block(blocks_ptr, b, M, BLOCK_R, ONE)
+    if ntok > 0:
+        r = r0 + tl.arange(0, BLOCK_R)
+        m = r // G
+        valid = m < ntok
+        head = kvh * G + r % G
+        d = tl.arange(0, HD)
+        used = (tl.load(rope_ptr + tok0 + ntok - 1) + CHUNK_S) // CHUNK_S  # chunks up to the last position
+        m_run = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+        l_run = tl.zeros([BLOCK_R], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_R, HD], dtype=tl.float32)
+        for c in range(0, used):
+            slot = ((kvh * NB + b) * n_chunks + c) * BLOCK_R + tl.arange(0, BLOCK_R)
+            m_c = tl.load(ml_ptr + slot * 2)
+            l_c = tl.load(ml_ptr + slot * 2 + 1)
+            m_new = tl.maximum(m_run, m_c)  # finite from chunk 0 on: every row sees its slot 0
+            a = tl.exp2(m_run - m_new)
+            w = tl.exp2(m_c - m_new)
+            l_run = l_run * a + l_c * w
+            acc = acc * a[:, None] + tl.load(acc_ptr + slot[:, None] * HD + d[None, :]) * w[:, None]
+            m_run = m_new
+        out = (acc / l_run[:, None]).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + ((tok0 + m) * H + head)[:, None] * HD + d[None, :], out, mask=valid[:, None])
+
+
+@dataclass(frozen=True)
+class AttentionRows:
+    """Where a pass's rows attend (device tensors): blocks [NB, 4] int32 (tok0, ntok, r0, base; a
+    block with ntok 0 is padding), chunks: the most CHUNK-slot chunks any sequence may span.
+    work: None (grid over every block and chunk) or (pairs [W, 2] int32 (block, chunk), count [1]
+    int32: the pairs in use). one: the table is blocks_of(M, G), one sequence from slot 0, which
+    the kernels then work out for themselves."""
+
+    blocks: torch.Tensor
+    chunks: int
+    work: tuple[torch.Tensor, torch.Tensor] | None = None
+    one: bool = False
+
+
+def blocks_of(ntok: int, group: int, tok0: int = 0, base: int = 0) -> list[list[int]]:
+    """The block table rows of one sequence of ntok tokens (its rows m * G + g in blocks of ROWS)."""
+    return [[tok0, ntok, r0, base] for r0 in range(0, ntok * group, ROWS)]
+
+
+@functools.cache
+def one_sequence(ntok: int, group: int, slots: int, device: torch.device) -> AttentionRows:
+    """NativeLlama's pass: one sequence of ntok tokens from cache slot 0 (made once per shape, outside
+    any graph capture: its warm-up runs come first)."""
+    table = torch.tensor(blocks_of(ntok, group), dtype=torch.int32, device=device)
+    return AttentionRows(table, triton.cdiv(slots, CHUNK), one=True)
+
+
+def work_list(blocks: list[list[int]], ends: list[int]) -> list[list[int]]:
+    """The (block, chunk) pairs of a ragged pass: each block with the chunks its sequence reaches
+    (ends[b]: the block's sequence's last position + 1; 0 for a padding block)."""
+    return [[b, c] for b, end in enumerate(ends) for c in range(triton.cdiv(end, CHUNK))]
+
+
+@functools.cache
+def _programs(device: torch.device, n_kv_heads: int) -> int:
+    """Programs per KV head that run a work list: two per SM in all."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, 2 * sms // n_kv_heads)
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rope: torch.Tensor,
+              rows: AttentionRows, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+    """q [T, H * hd] (rotated, at positions rope [T] inside their sequences) -> [T, H * hd] over the
+    cached k, v [Hkv, S, hd], as rows says. Rows of no block (padding) come out 0."""
+    hd, slots = k_cache.shape[-1], k_cache.shape[1]
+    group = n_heads // n_kv_heads
+    nb = rows.blocks.shape[0]
+    partial = torch.empty(n_kv_heads * nb * rows.chunks * ROWS, hd, dtype=torch.float32, device=q.device)
+    max_sum = torch.empty(n_kv_heads * nb * rows.chunks * ROWS, 2, dtype=torch.float32, device=q.device)
+    if rows.work is None:
+        grid, (pairs, count) = (n_kv_heads, rows.chunks, nb), (rows.blocks, rows.blocks)  # unused pointers
+    else:
+        pairs, count = rows.work
+        grid = (n_kv_heads, min(_programs(q.device, n_kv_heads), max(1, pairs.shape[0])))
+    _attention_chunk_kernel[grid](
+        q, k_cache, v_cache, rope, rows.blocks, pairs, count, partial, max_sum, slots, nb, rows.chunks, q.shape[0],
+        math.log2(math.e) / math.sqrt(hd), H=n_heads, G=group, HD=hd, PRECISION=_precision(q), BLOCK_R=ROWS,
+        BLOCK_S=64, CHUNK_S=CHUNK, WORKLIST=rows.work is not None, ONE=rows.one, num_warps=4,
+        **_launch_options(q.device))
+    out = torch.empty_like(q) if rows.work is None else torch.zeros_like(q)
+    _attention_combine_kernel[(n_kv_heads, nb)](
+        partial, max_sum, rope, rows.blocks, out, nb, rows.chunks, q.shape[0], H=n_heads, G=group, HD=hd,
+        BLOCK_R=ROWS, CHUNK_S=CHUNK, ONE=rows.one, num_warps=4, **_launch_options(q.device))
+    return out
