@@ -58,7 +58,7 @@ def test_one_sequence_in_slot_zero_is_a_native_llama_bit_for_bit(tiny_target):
 def test_the_cache_is_sized_once_and_reported(tiny_target):
     slots, _ = native_pair(tiny_target, max_slots=4)
     a = slots.arch
-    per_layer = 2 * a.n_kv_heads * 4 * slot_stride(MAX_LENGTH) * a.head_dim * 4  # k and v, fp32
+    per_layer = 2 * a.n_kv_heads * 5 * slot_stride(MAX_LENGTH) * a.head_dim * 4  # k and v, fp32; 4 slots and the scratch
     assert slots.kv_cache_bytes == a.n_layers * per_layer
     assert slots.stride >= MAX_LENGTH and slots.max_slots == 4
     with pytest.raises(ValueError, match="roll slot 1 back"):

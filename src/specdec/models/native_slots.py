@@ -13,20 +13,55 @@ shares the batch; the matrices give it the same bits only where they compute a r
 row count (bf16 prepacked with row_count_invariant). On a CPU in fp32 a single-token step reads
 another layout than a pass of several rows (cpu_matrix.CpuMatrix), so logits may differ from a
 sequence's own in the last bits (tests/test_native_slots.py measures by how much).
+
+On CUDA (where triton_ops takes the shape) the pass runs the fused Triton kernels instead, with
+attention per sequence inside one kernel (triton_attention's block tables): every kernel computes
+a row with the same arithmetic whatever the batch, so a sequence's logits are bit for bit the
+ones it gets alone, and the ones NativeLlama's graphed steps give it. Passes of up to the largest
+of SlotOptions.graph_rows rows replay a CUDA graph captured for the next row count up (padding
+rows go to a scratch region past the last slot); longer ones (prefill) run the same kernels
+without a graph.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import Sequence
 
 import torch
 
 from specdec.models.base import check_feature_layers
-from specdec.models.llama_config import arch_from_hf, named_arch
+from specdec.models.llama_config import LlamaArch, arch_from_hf, named_arch
 from specdec.models.llama_net import LlamaNet, build_net, init_random
-from specdec.models.native_llama import _slots, adopt_on_cpu, net_from_hf
+from specdec.models.native_llama import _slots, _triton_refuses, adopt_on_cpu, net_from_hf
 from specdec.models.slots import RaggedOutput, SlotModel, check_ragged
+
+# Row counts with a CUDA graph: decode steps of up to 64 sequences, verifies of up to 64 x (K + 1).
+GRAPH_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
+
+
+@dataclass(frozen=True)
+class SlotOptions:
+    """fused: the Triton kernels (triton_forward.forward_rows); graphs: passes of up to
+    max(graph_rows) rows replay CUDA graphs (fused on CUDA only)."""
+
+    fused: bool
+    graphs: bool
+    graph_rows: tuple[int, ...] = GRAPH_ROWS
+
+    @classmethod
+    def resolve(cls, arch: LlamaArch, device: torch.device, fused: bool | None = None) -> "SlotOptions":
+        """fused None: on CUDA wherever triton_ops takes the shape; graphs wherever fused on CUDA."""
+        refused = _triton_refuses(arch, device)
+        if fused and refused:
+            raise ValueError(f"the fused kernels cannot run here: {refused}")
+        fused = (device.type == "cuda" and refused is None) if fused is None else fused
+        return cls(fused, fused and device.type == "cuda")
+
+    def bucket(self, rows: int) -> int | None:
+        """The graph's row count for a pass of `rows` rows, or None (no graph)."""
+        return next((r for r in self.graph_rows if r >= rows), None) if self.graphs else None
 
 
 def slot_stride(max_length: int) -> int:
@@ -35,10 +70,16 @@ def slot_stride(max_length: int) -> int:
     return _slots(max_length, {})
 
 
+def cache_slots(max_slots: int, max_length: int) -> int:
+    """The net's cache for max_slots sequences, and one region more: the scratch of padding rows."""
+    return (max_slots + 1) * slot_stride(max_length)
+
+
 class NativeSlots(SlotModel):
     """A Llama-family model holding up to max_slots sequences in one preallocated KV cache."""
 
-    def __init__(self, net: LlamaNet, name: str, max_length: int, max_slots: int):
+    def __init__(self, net: LlamaNet, name: str, max_length: int, max_slots: int, fused: bool | None = None):
+        """fused: the Triton kernels (None: SlotOptions.resolve's choice)."""
         if max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         self.net = net.eval()
@@ -49,30 +90,33 @@ class NativeSlots(SlotModel):
         self.max_length = max_length
         self.max_slots = max_slots
         self.device = net.slot_ids.device
-        self.stride = net.slots // max_slots
-        if self.stride < max_length:
-            raise ValueError(f"a cache of {net.slots} slots cannot hold {max_slots} sequences of {max_length} tokens")
+        self.stride = slot_stride(max_length)
+        if net.slots < cache_slots(max_slots, max_length):
+            raise ValueError(f"a cache of {net.slots} slots cannot hold {max_slots} sequences of {max_length} tokens "
+                             f"and a scratch region ({cache_slots(max_slots, max_length)} slots)")
+        self.options = SlotOptions.resolve(net.arch, self.device, fused)
         self._lens = [0] * max_slots
+        self._graphs: dict = {}  # (rows, feature layers) -> ragged_plan.RaggedGraph
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
     def from_hf(cls, hf_model, name: str, max_slots: int, max_length: int | None = None,
-                pack: bool | None = None) -> "NativeSlots":
+                pack: bool | None = None, fused: bool | None = None) -> "NativeSlots":
         """Take the weights of a loaded transformers model, as NativeLlama.from_hf does."""
         max_length = min(max_length or 4096, arch_from_hf(hf_model.config).max_position)
-        net = net_from_hf(hf_model, max_slots * slot_stride(max_length))
-        model = cls(net, name, max_length, max_slots)
-        model.model = adopt_on_cpu(net, hf_model, pack is not False)
+        net = net_from_hf(hf_model, cache_slots(max_slots, max_length))
+        model = cls(net, name, max_length, max_slots, fused)
+        model.model = adopt_on_cpu(net, hf_model, pack is not False and not model.options.fused)
         return model
 
     @classmethod
     def random(cls, size: str, max_slots: int, device="cuda", dtype=torch.bfloat16, max_length: int = 2048,
-               seed: int = 0, arch_overrides: dict | None = None) -> "NativeSlots":
+               seed: int = 0, arch_overrides: dict | None = None, fused: bool | None = None) -> "NativeSlots":
         """Random weights at a named real size, as NativeLlama.random (the same seed, the same weights)."""
         arch = named_arch(size, **(arch_overrides or {}))
-        net = build_net(arch, max_slots * slot_stride(max_length), torch.device(device), dtype)
+        net = build_net(arch, cache_slots(max_slots, max_length), torch.device(device), dtype)
         init_random(net, seed)
-        return cls(net, f"random {size}", max_length, max_slots)
+        return cls(net, f"random {size}", max_length, max_slots, fused)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -102,25 +146,77 @@ class NativeSlots(SlotModel):
         layers = [None if f is None else check_feature_layers(f, self.arch.n_layers)
                   for f in (features if features is not None else [None] * len(slots))]
         counts = [int(t.shape[0]) for t in tokens]
+        capture = tuple(sorted(set().union(*(f for f in layers if f))))
+        run = self._run_fused if self.options.fused else self._run_eager
+        out, feats = run(slots, torch.cat(tokens).to(self.device), counts, want, capture)
+        for slot, n in zip(slots, counts):
+            self._lens[slot] += n
+        offsets = tuple(accumulate((n if w else 0 for n, w in zip(counts, want)), initial=0))
         rows = list(accumulate(counts, initial=0))
+        picked = tuple(None if f is None else self._features(feats, capture, f, row, n)
+                       for f, row, n in zip(layers, rows, counts))
+        return RaggedOutput(out.float(), offsets, picked)
+
+    def _run_eager(self, slots, tokens, counts, want, capture) -> tuple[torch.Tensor, torch.Tensor]:
+        """The portable pass: every matrix once over all rows, attention per sequence (SeqSpan)."""
         ids = self.net.slot_ids
-        spans, pos, rope = [], [], []
-        for slot, row, n in zip(slots, rows, counts):
+        spans, pos, rope, head = [], [], [], []
+        for slot, row, n, w in zip(slots, accumulate(counts, initial=0), counts, want):
             base, start = slot * self.stride, self._lens[slot]
             spans.append(self.net.eager_span(row, base, start, n, self.stride))
             pos.append(ids[base + start:base + start + n])  # the cache slots the tokens go to
             rope.append(ids[start:start + n])  # their positions inside their own sequence
-        capture = tuple(sorted(set().union(*(f for f in layers if f))))
-        head = [torch.arange(row, row + n) for row, n, w in zip(rows, counts, want) if w]
+            if w:
+                head.append(torch.arange(row, row + n))
         head_rows = None if all(want) else torch.cat(head).to(self.device) if head else ids[:0]
-        out, feats = self.net.run_rows(torch.cat(tokens).to(self.device), torch.cat(pos), spans, capture,
-                                       torch.cat(rope), head_rows)
-        for slot, n in zip(slots, counts):
-            self._lens[slot] += n
-        offsets = tuple(accumulate((n if w else 0 for n, w in zip(counts, want)), initial=0))
-        picked = tuple(None if f is None else self._features(feats, capture, f, row, n)
-                       for f, row, n in zip(layers, rows, counts))
-        return RaggedOutput(out.float(), offsets, picked)
+        return self.net.run_rows(tokens, torch.cat(pos), spans, capture, torch.cat(rope), head_rows)
+
+    def _run_fused(self, slots, tokens, counts, want, capture) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Triton pass: one CUDA graph of the next row count up, or the same kernels unrecorded."""
+        from specdec.models.ragged_plan import RaggedPlan, exact_layout
+        from specdec.models.triton_forward import forward_rows
+
+        plan = RaggedPlan(tuple(counts), tuple(self._lens[s] for s in slots), tuple(s * self.stride for s in slots),
+                          tuple(want))
+        wanted = sum(n for n, w in zip(counts, want) if w)
+        rows = self.options.bucket(plan.rows)
+        if rows is None:
+            layout = exact_layout(plan, self.arch.group)
+            meta = torch.from_numpy(plan.pack(layout, self.arch.group, *self.scratch)).to(self.device)
+            pass_rows, head = layout.views(meta, self.attention_chunks)
+            return forward_rows(self.net, tokens, pass_rows, capture, head[:wanted])
+        graph = self._graph(rows, capture)
+        graph.run(plan, tokens, self.scratch)
+        return graph.logits.index_select(0, graph.head[:wanted]), graph.features[:plan.rows]
+
+    @property
+    def scratch(self) -> tuple[int, int]:
+        """Where padding rows write: the region past the last slot's."""
+        return self.max_slots * self.stride, self.stride
+
+    @property
+    def attention_chunks(self) -> int:
+        """Attention chunks one sequence's cache may span."""
+        from specdec.models.triton_attention import CHUNK
+
+        return -(-self.stride // CHUNK)
+
+    def capture(self, *row_counts: int, layers: tuple[int, ...] = ()) -> None:
+        """Capture the graphs of passes of these row counts ahead of time (else the first pass of
+        each captures its own)."""
+        with torch.inference_mode():
+            for n in row_counts:
+                rows = self.options.bucket(n)
+                if rows is not None:
+                    self._graph(rows, layers)
+
+    def _graph(self, rows: int, capture: tuple[int, ...]):
+        from specdec.models.ragged_plan import MetaLayout, RaggedGraph
+
+        if (rows, capture) not in self._graphs:
+            layout = MetaLayout.for_rows(rows, self.max_slots, self.arch.group, self.stride)
+            self._graphs[rows, capture] = RaggedGraph(self, layout, capture)
+        return self._graphs[rows, capture]
 
     def _features(self, feats: torch.Tensor, capture: tuple[int, ...], layers: tuple[int, ...],
                   row: int, n: int) -> torch.Tensor:
@@ -130,4 +226,4 @@ class NativeSlots(SlotModel):
         return mine[:, [capture.index(i) for i in layers] + [len(capture)]].reshape(n, -1)
 
 
-__all__ = ["NativeSlots", "slot_stride"]
+__all__ = ["NativeSlots", "SlotOptions", "cache_slots", "slot_stride"]
