@@ -217,8 +217,76 @@ def throughput(slots: NativeSlots, references: dict[str, NativeLlama], args) -> 
         seconds = time.perf_counter() - start
         rate = sum(len(h.token_ids) for h in handles) / seconds
         base = base or rate
-        print(f"batch {b:3d}, BatchedEngine over NativeSlots (eager), plain: {rate:8.1f} tokens/s aggregate "
+        print(f"batch {b:3d}, BatchedEngine over NativeSlots, plain: {rate:8.1f} tokens/s aggregate "
               f"({rate / base:.2f}x batch {args.batches[0]})")
+
+
+def step_costs(slots: NativeSlots, row_counts: list[tuple[int, int]], context: int = 384) -> dict[tuple[int, int], float]:
+    """Median GPU time (ms) of one forward_ragged of b sequences of n new tokens each after
+    `context` cached ones (graph replay included, host plan included): the ragged verify-cost curve."""
+    device, out = slots.device, {}
+    for b, n in row_counts:
+        seqs = list(range(b))
+        for s in seqs:
+            slots.rollback(s, 0)
+        for s in seqs:  # prefill (eager), a prompt at a time
+            slots.forward_ragged([s], [torch.randint(0, slots.vocab_size, (context,), device=device)], logits=[False])
+        step = [torch.randint(0, slots.vocab_size, (n,), device=device) for _ in seqs]
+        times = []
+        for _ in range(12):
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            slots.forward_ragged(seqs, step)
+            torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+            for s in seqs:
+                slots.rollback(s, context)
+        out[b, n] = statistics.median(times[2:]) * 1e3
+        for s in seqs:
+            slots.release(s)
+        print(f"ragged pass: {b:3d} sequences x {n} tokens ({b * n:4d} rows) after {context}: {out[b, n]:.3f} ms")
+    return out
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens a round emits with k drafts each accepted with probability alpha (and the bonus)."""
+    return k + 1 if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def speculation(slots: NativeSlots, reference: NativeLlama, costs: dict, args) -> list[dict]:
+    """Aggregate tokens/s of plain decoding and of oracle speculation (alpha 0.6/0.8/0.9, K drafts,
+    no draft cost) at each batch size, beside the formula: E[tokens](alpha, K) x t(B) / t(B (K + 1))."""
+    from specdec.drafters.oracle import OracleDrafter, record_greedy
+
+    device, rng, rows = slots.device, random.Random(2), []
+    config = GenerationConfig(max_new_tokens=args.tokens, k=args.k, ignore_eos=True)
+    for b in args.batches:
+        prompts = [[rng.randrange(slots.vocab_size) for _ in range(32)] for _ in range(b)]
+        truth = [record_greedy(reference, p, args.tokens + args.k + 2) for p in prompts]
+        plain_rate = None
+        for alpha in (None, 0.6, 0.8, 0.9):
+            def make(i, alpha=alpha):
+                if alpha is None:
+                    return NoDrafter(device)
+                oracle = OracleDrafter(reference, alpha, seed=i)
+                oracle.remember(prompts[i], truth[i])
+                return oracle
+            engine = BatchedEngine(slots, lambda: NoDrafter(device))
+            handles = [engine.submit(p, config, drafter=make(i)) for i, p in enumerate(prompts)]
+            engine.step()  # the prefills
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            engine.run()
+            rate = sum(len(h.token_ids) for h in handles) / (time.perf_counter() - start)
+            plain_rate = plain_rate or rate
+            predicted = None if alpha is None else \
+                expected_tokens(alpha, args.k) * costs[b, 1] / costs[b, args.k + 1]
+            rows.append(dict(batch=b, alpha=alpha, k=args.k, tokens_per_s=rate, speedup=rate / plain_rate,
+                             predicted=predicted))
+            print(f"batch {b:3d} " + ("plain          " if alpha is None else f"oracle a={alpha} K={args.k}")
+                  + f": {rate:8.1f} tokens/s aggregate, {rate / plain_rate:.2f}x plain"
+                  + ("" if predicted is None else f" (formula {predicted:.2f}x)"))
+    return rows
 
 
 def slots_main(argv: list[str]) -> None:
@@ -229,6 +297,8 @@ def slots_main(argv: list[str]) -> None:
     parser.add_argument("--sequences", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--batches", default="1,4,16,64")
+    parser.add_argument("--k", type=int, default=4, help="drafts per round of the oracle runs")
+    parser.add_argument("--json", default=None, help="write the step costs and speedups here")
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -244,6 +314,15 @@ def slots_main(argv: list[str]) -> None:
         references["graphed"] = NativeLlama(eager.net, eager.name, MAX_LENGTH)
     identity(slots, references, args)
     throughput(slots, references, args)
+    if args.device == "cuda":
+        costs = step_costs(slots, [(b, n) for b in args.batches for n in (1, args.k + 1)])
+        rows = speculation(slots, references["graphed"], costs, args)
+        if args.json:
+            import json
+
+            with open(args.json, "w") as f:
+                json.dump({"model": slots.name, "step_ms": {f"{b}x{n}": ms for (b, n), ms in costs.items()},
+                           "runs": rows}, f, indent=1)
 
 
 def main() -> None:
