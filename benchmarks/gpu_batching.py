@@ -325,8 +325,37 @@ def slots_main(argv: list[str]) -> None:
                            "runs": rows}, f, indent=1)
 
 
+def plot_main(argv: list[str]) -> None:
+    """The speedup of oracle speculation over plain decoding against the batch size, measured and by
+    the formula, from a `slots --json` file: python benchmarks/gpu_batching.py plot IN.json OUT.png"""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    source, target = argv
+    runs = [r for r in json.load(open(source))["runs"] if r["alpha"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for alpha in sorted({r["alpha"] for r in runs}):
+        mine = [r for r in runs if r["alpha"] == alpha]
+        line, = ax.plot([r["batch"] for r in mine], [r["speedup"] for r in mine], marker="o",
+                        label=f"alpha {alpha} measured")
+        ax.plot([r["batch"] for r in mine], [r["predicted"] for r in mine], linestyle="--", color=line.get_color(),
+                label=f"alpha {alpha} formula")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set(xscale="log", xlabel="sequences in the batch", ylabel="speculation / plain (aggregate tokens/s)",
+           title=f"Oracle speculation (K {runs[0]['k']}) against batch size, H200, 8B bf16")
+    ax.set_xticks(sorted({r["batch"] for r in runs}), labels=[str(b) for b in sorted({r["batch"] for r in runs})])
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(target, dpi=120)
+    print(f"wrote {target}")
+
+
 def main() -> None:
-    checks = {"rule": rule_main, "slots": slots_main}
+    checks = {"rule": rule_main, "slots": slots_main, "plot": plot_main}
     if len(sys.argv) < 2 or sys.argv[1] not in checks:
         raise SystemExit(f"usage: python benchmarks/gpu_batching.py {{{'|'.join(checks)}}} [options]")
     checks[sys.argv[1]](sys.argv[2:])
