@@ -40,6 +40,13 @@ def test_each_sequence_gets_its_own_k_by_its_acceptance():
     assert plan.ks[0] > plan.ks[2] > plan.ks[1] == 0
 
 
+def test_a_gain_below_the_margin_gives_way_to_plain():
+    cost = VerifyCostTable.from_rows([(1, 1.0), (2, 1.45)])  # one draft at alpha 0.5: 1.5 tokens for 1.45 s
+    assert choose_ks([0.5], [1], cost, 0.0).ks == (1,)
+    held = choose_ks([0.5], [1], cost, 0.0, min_gain=0.05)
+    assert held.ks == (0,) and held.predicted_tokens_per_second == held.plain_tokens_per_second
+
+
 def test_caps_bound_k_and_prefill_rows_count_as_cost():
     assert choose_ks([0.99], [2], GPU_LIKE, 0.0).ks == (2,)
     alone = step_seconds(GPU_LIKE, [3], [], 0.0)

@@ -300,7 +300,8 @@ class BatchedEngine:
         per_token = seconds / tokens if tokens else policy.draft_seconds_per_token
         other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
                       for s in self._running if s.prefilling]
-        plan = choose_ks(alphas, [s.next_k(policy.k) for s in decoding], self._verify_cost, per_token, other_rows)
+        plan = choose_ks(alphas, [s.next_k(policy.k) for s in decoding], self._verify_cost, per_token, other_rows,
+                         policy.min_gain)
         self._drafting[1] += sum(plan.ks)
         self.last_decision = StepDecision("auto", ids, plan.ks, len(self._running),
                                           plan.predicted_tokens_per_second, plan.plain_tokens_per_second)

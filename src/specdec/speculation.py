@@ -76,7 +76,9 @@ class SpeculationPolicy:
     the batch's expected tokens per second (choose_ks). prior_accepted / prior_rejected: the Beta
     prior of a sequence's acceptance rate before it has drafted (a mean of 0.5 over 2 pseudo-drafts
     by default). verify_cost: the target's cost table; None: the engine measures it at start-up.
-    draft_seconds_per_token: the drafter's cost per drafted token before the engine has timed it."""
+    draft_seconds_per_token: the drafter's cost per drafted token before the engine has timed it.
+    min_gain: a step speculates only when its predicted rate beats plain's by this fraction (the
+    cost model is measured, so a prediction within its error is no reason to risk being slower)."""
 
     mode: str = "request"
     k: int = 4
@@ -84,6 +86,7 @@ class SpeculationPolicy:
     prior_rejected: float = 1.0
     verify_cost: VerifyCostTable | None = None
     draft_seconds_per_token: float = 0.0
+    min_gain: float = 0.05
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -93,8 +96,8 @@ class SpeculationPolicy:
                                       f"in mode {self.mode}, got {self.k}")
         if self.prior_accepted <= 0 or self.prior_rejected <= 0:
             raise InvalidRequestError("the acceptance prior's pseudo-counts must be > 0")
-        if self.draft_seconds_per_token < 0:
-            raise InvalidRequestError("draft_seconds_per_token must be >= 0")
+        if self.draft_seconds_per_token < 0 or self.min_gain < 0:
+            raise InvalidRequestError("draft_seconds_per_token and min_gain must be >= 0")
 
     @classmethod
     def auto(cls, k_max: int = 8, **kwargs) -> "SpeculationPolicy":
@@ -139,10 +142,18 @@ def step_seconds(cost: VerifyCostTable, ks: Sequence[int], other_rows: Sequence[
 
 
 def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTable, draft_per_token: float,
-              other_rows: Sequence[int] = ()) -> StepPlan:
+              other_rows: Sequence[int] = (), min_gain: float = 0.0) -> StepPlan:
     """Greedy marginal gain: K_i from 0 up to caps[i], one draft at a time, each time the one that
     raises the batch's tokens per second most; stop when no draft raises it. other_rows: the rows
-    of prefill chunks sharing the pass (they cost time and yield no tokens)."""
+    of prefill chunks sharing the pass (they cost time and yield no tokens). A plan predicted less
+    than min_gain above plain's rate gives way to the plain step."""
+    plan = _greedy_ks(alphas, caps, cost, draft_per_token, other_rows)
+    if plan.predicted_tokens_per_second < (1 + min_gain) * len(alphas) / plan.plain_seconds:
+        return StepPlan((0,) * len(alphas), float(len(alphas)), plan.plain_seconds, plan.plain_seconds)
+    return plan
+
+
+def _greedy_ks(alphas, caps, cost, draft_per_token, other_rows) -> StepPlan:
     ks = [0] * len(alphas)
     plain = step_seconds(cost, ks, other_rows, draft_per_token)
     tokens, seconds = float(len(ks)), plain
@@ -163,9 +174,10 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
         tokens, seconds = best[1], best[2]
 
 
-def measure_verify_cost(target, k_max: int, trials: int = 3) -> VerifyCostTable:
+def measure_verify_cost(target, k_max: int, trials: int = 5) -> VerifyCostTable:
     """Time forward_ragged on the target's (empty) slots: batch sizes 1, 2, 4, .. max_slots, rows per
-    sequence 1, 2, 3, 5, .. k_max + 1, the median of `trials` on top of a short cached prompt."""
+    sequence 1, 2, 3, 5, .. k_max + 1, the fastest of `trials` on top of a short cached prompt (the
+    fastest: on a shared machine the noise only ever adds time)."""
     batches = _powers_up_to(target.max_slots)
     rows = tuple(sorted({1, 2, 3, *(r + 1 for r in _powers_up_to(k_max)), k_max + 1}))
     prompt = 16
@@ -187,7 +199,7 @@ def measure_verify_cost(target, k_max: int, trials: int = 3) -> VerifyCostTable:
                 times.append(time.perf_counter() - start)
                 for s in slots[:b]:
                     target.rollback(s, prompt)
-            line.append(sorted(times[1:])[len(times[1:]) // 2])
+            line.append(min(times[1:]))
         table.append(tuple(line))
     for s in slots:
         target.release(s)
