@@ -285,7 +285,8 @@ def plot_speedups(result: dict, out_dir: str) -> str:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel(f"output tokens/s over {result['baseline']}")
-    ax.set_title(f"bench serve: {result['servers'][0]['model']}, max_tokens {result['max_tokens']}")
+    ax.set_title(f"bench serve: {result['servers'][0]['model']}\nmax_tokens {result['max_tokens']}, "
+                 f"{result['machine']}", fontsize=8)
     ax.legend()
     return str(save_plot(fig, out_dir, f"serve-{result['date']}"))
 
@@ -350,9 +351,9 @@ def _scoreboard_rows(result: dict, args: argparse.Namespace) -> None:
         k = (args.extra_body or {}).get("k") or info.get("k", "-")
         name = "" if server["label"] == "server" else f"{server['label']}: "
         for r in server["runs"]:
-            spec = r["spec_decode"] or {}
+            spec = r["spec_decode"] if r["spec_decode"] and r["spec_decode"]["num_drafts"] else {}
             append_row(ScoreRow(target=server["model"], draft=f"{name}{draft} (serve, c={r['concurrency']}){label}",
-                                k=str(k), precision="-", tokens_per_second=r["output_throughput"],
+                                k=str(k) if spec else "-", precision="-", tokens_per_second=r["output_throughput"],
                                 speedup=r.get("speedup") if len(result["servers"]) > 1 else None,
                                 tau=spec.get("mean_acceptance_length"), alpha=spec.get("acceptance_rate")),
                        args.scoreboard)
@@ -360,12 +361,13 @@ def _scoreboard_rows(result: dict, args: argparse.Namespace) -> None:
 
 def _print_table(result: dict, server: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
     console = Console(width=max(console.width, 140))  # a pipe reports 80 columns: too few for this table
 
-    table = Table(title=f"bench serve [{server['label']}]: {server['model']} ({result['backend']}, max_tokens "
+    table = Table(title=f"bench serve \\[{escape(server['label'])}]: {server['model']} ({result['backend']}, max_tokens "
                         f"{result['max_tokens']}; speedup over {result['baseline']})", title_justify="left")
     for col in ("conc.", "done/failed", "req/s", "out tok/s", "speedup", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
                 "ITL p50/p99 ms", "alpha", "tau"):
