@@ -18,6 +18,7 @@ sequence's tokens are the ones it gets alone, whatever shares its batch and when
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import time
@@ -32,7 +33,7 @@ from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, p
 from specdec.engine import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
-from specdec.sampling import warp_ragged
+from specdec.sampling import token_logprobs, warp_ragged
 from specdec.speculation import SpeculationPolicy, StepDecision, choose_ks, measure_verify_cost
 from specdec.verify import Verdict, ragged_outcome, read_ragged_round
 
@@ -315,7 +316,10 @@ class BatchedEngine:
             if unit.draft is None:
                 results.append(([], self._prefilled(unit, out.features[i])))
             else:
-                results.append(self._apply(unit.seq, *rounds[i], out.features[i]))
+                tokens, reason = self._apply(unit.seq, *rounds[i], out.features[i])
+                if unit.seq.config.logprobs is not None:  # only then: a read and a softmax more
+                    tokens = with_logprobs(tokens, out.logits_of(i), unit.seq.config)
+                results.append((tokens, reason))
         return results
 
     def _prefilled(self, unit: _Unit, features: torch.Tensor | None) -> None:  # never finishes a sequence
@@ -403,6 +407,13 @@ def judge(units: list[_Unit], out: RaggedOutput) -> dict[int, tuple[Verdict, lis
                                               [s.generator for s in seqs])
     rounds = read_ragged_round(num_accepted, next_token, draft_tokens, offsets)
     return {i: (verdict, kept, next_token[j:j + 1]) for j, (i, (verdict, kept)) in enumerate(zip(verify, rounds))}
+
+
+def with_logprobs(tokens: list[EmittedToken], logits: torch.Tensor, config: GenerationConfig) -> list[EmittedToken]:
+    """The round's emitted tokens with their log-probabilities under the target's p (sampling.token_logprobs):
+    logits [K + 1, V] the verify's rows; emitted token j came from row j."""
+    scores = token_logprobs(logits, config.sampling, [t.token_id for t in tokens], config.logprobs)
+    return [dataclasses.replace(t, logprob=lp, top_logprobs=top) for t, (lp, top) in zip(tokens, scores)]
 
 
 def check_request(prompt: list[int], config: GenerationConfig, max_length: int, decode) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from specdec.drafters import DEFAULT_DRAFT, Drafter, make_drafter
 from specdec.engine import Engine
-from specdec.errors import InvalidRequestError
+from specdec.errors import InvalidRequestError, UnsupportedHereError
 from specdec.models.cpu_threads import CpuThreads, use_threads
 from specdec.models.loader import LoadedModel, load_model
 
@@ -64,6 +64,24 @@ def build_runtime(target: str = "default", draft: str = DEFAULT_DRAFT, device: s
     loaded = load_model(target, device=device, dtype=dtype, backend=backend)
     drafter = make_drafter(draft, loaded, dtype=draft_dtype or dtype)
     return Runtime(loaded, drafter, engine_for(loaded, drafter), chosen)
+
+
+def slot_target(model, max_slots: int, max_length: int | None = None):
+    """The target as a SlotModel for the batched engine: NativeSlots (one preallocated KV cache of
+    max_slots x max_length) for a native Llama-family target, LoopSlots (a cache per slot over
+    the same weights) for a transformers one. max_length: None for the target's own."""
+    from specdec.models.hf import HFCausalLM
+    from specdec.models.native_llama import NativeLlama
+    from specdec.models.native_slots import NativeSlots
+    from specdec.models.slots import LoopSlots
+
+    length = min(max_length or model.max_length, model.max_length)
+    if isinstance(model, NativeLlama) and model.model is not None:  # the transformers weights, kept on a CPU
+        return NativeSlots.from_hf(model.model, model.name, max_slots, max_length=length)
+    if isinstance(model, HFCausalLM):
+        return LoopSlots(model.with_own_cache, max_slots)
+    raise UnsupportedHereError(f"{model.name!r} cannot be served in batches here (a native model on a GPU keeps "
+                               "no transformers copy to build a slot cache from); use --backend hf")
 
 
 def require_prompt(prompt: str) -> None:
