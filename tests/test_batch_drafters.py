@@ -232,3 +232,39 @@ def test_a_kind_that_cannot_fork_is_refused_by_name(tiny_target):
     with pytest.raises(DraftSpecError, match="holds one sequence's cache"):
         ModelDrafter(native, VOCAB).fork()
     assert isinstance(ModelDrafter(native, VOCAB).for_batch(3).pool.model, NativeSlots)
+
+
+def test_the_batch_table_measures_every_drafter_at_every_size(tiny_target, tiny_draft):
+    from specdec.bench.batch import batch_table, parse_batch_sizes
+    from specdec.errors import InvalidRequestError
+
+    slots = NativeSlots.from_hf(tiny_target.model, "tiny slots", 4, 512)
+    engine = BatchedEngine(slots, lambda: NoDrafter(CPU))
+    prompts = [[5, 6, 7, 5, 6], [9, 3], [1, 2, 3, 1, 2, 3]]
+    lookup = LookupDrafter(CPU)
+    oracle = lambda alpha: OracleDrafter(tiny_target.with_own_cache(), alpha, horizon=8, seed=1)  # noqa: E731
+    points = batch_table(engine, prompts, [1, 4], 8, {"lookup": (lookup.fork, 3)}, oracle, oracle_k=3)
+    assert [(p.drafter, p.batch) for p in points][:5] == [("plain", 1), ("lookup", 1), ("oracle 0.6", 1),
+                                                           ("oracle 0.8", 1), ("oracle 0.9", 1)]
+    assert len(points) == 10 and all(p.tokens_per_s > 0 for p in points)
+    assert all((p.predicted is not None) == p.drafter.startswith("oracle") for p in points)
+    assert all(p.alpha is not None and p.speedup > 0 for p in points if p.drafter != "plain")
+    assert not engine.busy and sorted(engine._free) == [0, 1, 2, 3]
+    with pytest.raises(InvalidRequestError, match="--batch takes"):
+        parse_batch_sizes("1,x")
+
+
+def test_build_batched_runtime_reports_its_kv_cache(tmp_path):
+    from specdec.runtime import build_batched_runtime
+    from tests.helpers_tiny import tiny_model_dir
+
+    lines = []
+    runtime = build_batched_runtime(str(tiny_model_dir(tmp_path / "target", seed=0)), draft="lookup", device="cpu", threads=1,
+                                    max_num_seqs=3, max_length=128, report=lines.append)
+    slots = runtime.engine.target
+    assert isinstance(slots, NativeSlots) and slots.max_slots == 3 and slots.max_length == 128
+    assert runtime.kv_cache_bytes == slots.kv_cache_bytes > 0
+    assert lines == [runtime.kv_cache_line()] and "3 sequences x 128 tokens" in lines[0]
+    handles = [runtime.engine.submit([5, 6, 7], GenerationConfig(max_new_tokens=6, k=2)) for _ in range(4)]
+    runtime.engine.run()
+    assert len({tuple(h.token_ids) for h in handles}) == 1 and isinstance(runtime.drafters.fresh("none"), NoDrafter)
