@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.base import Draft, Drafter, empty_draft, propose_all
 from specdec.drafters.head import HeadDrafter, load_head_drafter, read_head_card, target_identity
 from specdec.drafters.lookup import LookupDrafter
 from specdec.errors import DraftSpecError, ModelLoadError
@@ -62,11 +62,11 @@ class LookupThenHead(Drafter):
         for drafter, context, k, sp in zip(drafters, contexts, ks, params):
             out.append(drafter._looked_up(context, k, sp))
         left = [i for i, draft in enumerate(out) if draft is None]
-        heads = HeadDrafter.propose_batch([drafters[i].head for i in left], [contexts[i] for i in left],
-                                          [drafters[i]._head_k(ks[i], params[i]) for i in left],
-                                          [params[i] for i in left], [generators[i] for i in left])
+        heads = propose_all([drafters[i].head for i in left], [contexts[i] for i in left],
+                            [drafters[i]._head_k(ks[i], params[i]) for i in left],
+                            [params[i] for i in left], [generators[i] for i in left])
         for i, draft in zip(left, heads):
-            out[i] = draft
+            out[i] = draft if draft is not None else empty_draft(drafters[i].lookup.device)
         return out
 
     def _looked_up(self, context: list[int], k: int, params: SamplingParams) -> Draft | None:
