@@ -267,6 +267,7 @@ class BatchedEngine:
     def _leave(self, done: list[_Sequence]) -> None:
         for seq in done:
             self._running.remove(seq)
+            seq.drafter.end()  # e.g. its slot of a shared draft cache goes back
             self.target.release(seq.slot)
             heapq.heappush(self._free, seq.slot)
             if seq.handle.cancelled and not seq.handle.done:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from specdec.drafters import DEFAULT_DRAFT, Drafter, make_drafter
 from specdec.engine import Engine
 from specdec.errors import InvalidRequestError, UnsupportedHereError
 from specdec.models.cpu_threads import CpuThreads, use_threads
 from specdec.models.loader import LoadedModel, load_model
+
+if TYPE_CHECKING:
+    from specdec.batching import BatchedEngine
+    from specdec.drafters.registry import DraftMenu
 
 
 @dataclass
@@ -107,3 +112,44 @@ def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     """The text up to the first stop string (which is not included), as OpenAI's `stop` behaves."""
     cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))
     return text[:cut]
+
+
+@dataclass
+class BatchedRuntime:
+    """A target held as a slot model for up to max_num_seqs sequences, its batched engine, and the
+    drafters by name (each sequence a fresh one: drafters.DraftMenu)."""
+
+    target: LoadedModel
+    engine: "BatchedEngine"
+    drafters: "DraftMenu"
+    kv_cache_bytes: int | None  # the slot cache's size when preallocated (NativeSlots), else None
+
+    def kv_cache_line(self) -> str:
+        slots = self.engine.target
+        size = "grows per sequence" if self.kv_cache_bytes is None else f"{self.kv_cache_bytes / 2**30:.2f} GiB"
+        return f"KV cache: {slots.max_slots} sequences x {slots.max_length} tokens, {size}"
+
+
+def build_batched_runtime(target: str = "default", draft: str = DEFAULT_DRAFT, device: str | None = None,
+                          dtype: str | None = None, draft_dtype: str | None = None, backend: str = "auto",
+                          threads: int | None = None, max_num_seqs: int = 16, max_length: int | None = None,
+                          prefill_chunk: int = 256, report=print) -> BatchedRuntime:
+    """The flags of build_runtime plus --max-num-seqs (slots of the KV cache) and the longest sequence
+    a slot holds (None: the model's); `draft` is what sequences submitted without one draft with.
+    report: gets the KV cache's size once it is allocated."""
+    from specdec.batching import BatchConfig, BatchedEngine
+    from specdec.drafters.registry import DraftMenu
+    from specdec.models.slots import slot_model_for
+
+    if max_num_seqs < 1:
+        raise InvalidRequestError(f"--max-num-seqs must be at least 1, got {max_num_seqs}")
+    use_threads(threads)
+    loaded = load_model(target, device=device, dtype=dtype, backend=backend)
+    slots = slot_model_for(loaded.model, max_num_seqs, max_length)
+    menu = DraftMenu(loaded, max_num_seqs, dtype=draft_dtype or dtype)
+    decode = lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    engine = BatchedEngine(slots, menu.factory(draft), eos_token_ids=eos_ids(loaded), decode=decode,
+                           config=BatchConfig(prefill_chunk=prefill_chunk))
+    runtime = BatchedRuntime(loaded, engine, menu, getattr(slots, "kv_cache_bytes", None))
+    report(runtime.kv_cache_line())
+    return runtime
