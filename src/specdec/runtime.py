@@ -7,13 +7,17 @@ from typing import TYPE_CHECKING
 
 from specdec.drafters import DEFAULT_DRAFT, Drafter, make_drafter
 from specdec.engine import Engine
-from specdec.errors import InvalidRequestError, UnsupportedHereError
+from specdec.errors import InvalidRequestError
 from specdec.models.cpu_threads import CpuThreads, use_threads
 from specdec.models.loader import LoadedModel, load_model
+from specdec.models.slots import slot_model_for
 
 if TYPE_CHECKING:
     from specdec.batching import BatchedEngine
     from specdec.drafters.registry import DraftMenu
+
+
+slot_target = slot_model_for  # the server's name for it: the target as a SlotModel for the batched engine
 
 
 @dataclass
@@ -71,24 +75,6 @@ def build_runtime(target: str = "default", draft: str = DEFAULT_DRAFT, device: s
     return Runtime(loaded, drafter, engine_for(loaded, drafter), chosen)
 
 
-def slot_target(model, max_slots: int, max_length: int | None = None):
-    """The target as a SlotModel for the batched engine: NativeSlots (one preallocated KV cache of
-    max_slots x max_length) for a native Llama-family target, LoopSlots (a cache per slot over
-    the same weights) for a transformers one. max_length: None for the target's own."""
-    from specdec.models.hf import HFCausalLM
-    from specdec.models.native_llama import NativeLlama
-    from specdec.models.native_slots import NativeSlots
-    from specdec.models.slots import LoopSlots
-
-    length = min(max_length or model.max_length, model.max_length)
-    if isinstance(model, NativeLlama) and model.model is not None:  # the transformers weights, kept on a CPU
-        return NativeSlots.from_hf(model.model, model.name, max_slots, max_length=length)
-    if isinstance(model, HFCausalLM):
-        return LoopSlots(model.with_own_cache, max_slots)
-    raise UnsupportedHereError(f"{model.name!r} cannot be served in batches here (a native model on a GPU keeps "
-                               "no transformers copy to build a slot cache from); use --backend hf")
-
-
 def require_prompt(prompt: str) -> None:
     if not prompt or not prompt.strip():
         raise InvalidRequestError("the prompt is empty: give some text to continue")
@@ -139,7 +125,6 @@ def build_batched_runtime(target: str = "default", draft: str = DEFAULT_DRAFT, d
     report: gets the KV cache's size once it is allocated."""
     from specdec.batching import BatchConfig, BatchedEngine
     from specdec.drafters.registry import DraftMenu
-    from specdec.models.slots import slot_model_for
 
     if max_num_seqs < 1:
         raise InvalidRequestError(f"--max-num-seqs must be at least 1, got {max_num_seqs}")

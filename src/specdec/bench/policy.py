@@ -26,17 +26,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def slot_model(target, max_slots: int, max_length: int):
-    """The target as a slot model: one cache per slot over shared weights, or the native one."""
-    from specdec.models.native_slots import NativeSlots
-    from specdec.models.slots import LoopSlots
-
-    model = target.model
-    if hasattr(model, "with_own_cache"):
-        return LoopSlots(model.with_own_cache, max_slots)
-    return NativeSlots.from_hf(model.model, target.name, max_slots, max_length=max_length)
-
-
 def run_engine(target, slots, policy, prompts: list[list[int]], draft: str, max_tokens: int) -> dict:
     """One batch of greedy prompts through a fresh BatchedEngine: tokens, seconds and the auto
     engine's set-up (verify-cost measurement) seconds."""
@@ -77,6 +66,7 @@ def best_of_two(run_one, names: list[str]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.bench.common import load_target, print_table, read_prompts, save_json
+    from specdec.models.slots import slot_model_for
     from specdec.runtime import encode_prompt
     from specdec.speculation import SpeculationPolicy
 
@@ -89,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     rows, table = [], []
     for batch in args.batch:
         prompts = [encode_prompt(target.tokenizer, texts[i % len(texts)]) for i in range(batch)]
-        slots = slot_model(target, batch, max(map(len, prompts)) + args.max_tokens + 8)
+        slots = slot_model_for(target.model, batch, max(map(len, prompts)) + args.max_tokens + 8)
         runs = best_of_two(lambda name: run_engine(target, slots, policies[name], prompts, args.draft,
                                                    args.max_tokens), list(policies))
         same = all(r["outputs"] == runs["plain"]["outputs"] for r in runs.values())
