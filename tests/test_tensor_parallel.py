@@ -7,6 +7,8 @@ divide the KV heads is refused before any process starts.
 """
 
 import functools
+import json
+import multiprocessing
 import os
 import signal
 
@@ -20,6 +22,7 @@ from specdec.models.native_llama import NativeLlama, NativeOptions, net_from_hf
 from specdec.parallel.launch import open_tensor_parallel
 from specdec.parallel.group import TensorParallelError
 from tests.conftest import tiny_llama
+from tests.helpers_tiny import tiny_model_dir
 from tests.test_exactness import HOT, V, exact_joint, goodness_of_fit, sampled_joint
 
 MAX_LENGTH = 96
@@ -120,3 +123,37 @@ def test_a_dead_rank_is_named_on_rank_0():
 def test_a_size_that_does_not_divide_the_kv_heads_is_refused():
     with pytest.raises(InvalidRequestError, match="tensor parallel size 3 does not divide the target's 2 KV heads"):
         open_tensor_parallel(functools.partial(tiny_net, 0, layers=1), 3)
+
+
+def generate_json(capsys, model_dir, *flags) -> dict:
+    from specdec import cli
+
+    argv = ["generate", "--target", str(model_dir), "--device", "cpu", "--raw", "--json", "--ignore-eos",
+            "--max-new-tokens", "12", "--draft", "lookup", *flags, "the cat sat on the mat and the cat"]
+    assert cli.main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_generate_with_tensor_parallel_size_2(tmp_path, capsys):
+    model_dir = tiny_model_dir(tmp_path / "tiny")
+    tp2 = generate_json(capsys, model_dir, "--tensor-parallel-size", "2", "--compare")
+    tp1 = generate_json(capsys, model_dir)
+    assert tp2["tensor_parallel_size"] == 2
+    assert tp2["compare"]["identical"] and tp2["token_ids"] == tp1["token_ids"]
+    assert tp2["stats"]["accepted"] > 0
+    assert not multiprocessing.active_children()  # every rank stopped
+
+
+@pytest.mark.parametrize("command, error", [
+    (["generate", "--tensor-parallel-size", "3", "hi"], "tensor parallel size 3 does not divide the target's 2 KV heads"),
+    (["bench", "gpu", "--cpu", "--tensor-parallel-size", "2"], "--cpu benches one process"),
+])
+def test_cli_refuses_a_bad_tensor_parallel_size_in_one_line(tmp_path, capsys, command, error):
+    from specdec import cli
+
+    if command[0] == "generate":
+        command = [*command[:-1], "--target", str(tiny_model_dir(tmp_path / "tiny")), "--device", "cpu", "--raw",
+                   command[-1]]
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err.strip()
+    assert error in err and len(err.splitlines()) == 1

@@ -34,15 +34,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def open_tensor_parallel(recipe: TargetRecipe, world: int, device_type: str = "cpu",
-                         timeout_s: float = 120.0) -> TensorParallelLM:
-    """The target of `recipe` sharded over `world` ranks (this process is rank 0); close() it."""
+def open_tensor_parallel(recipe: TargetRecipe, world: int, device_type: str = "cpu", timeout_s: float = 120.0,
+                         built: tuple | None = None) -> TensorParallelLM:
+    """The target of `recipe` sharded over `world` ranks (this process is rank 0); close() it.
+    built: what recipe() returns, when this process has it already (else it calls recipe too)."""
     if device_type == "cuda" and torch.cuda.device_count() < world:
         raise TensorParallelError(f"tensor parallel size {world} needs {world} GPUs; "
                                   f"{torch.cuda.device_count()} are visible")
     if dist.is_initialized():  # torch.distributed has one default group a process
         raise TensorParallelError("one tensor-parallel target per process at a time: close() the open one first")
-    built = recipe()
+    built = built or recipe()
     check_divisible(built[0].arch, world)  # before any rank starts: a one-line error, no processes
     options = GroupOptions(world, "127.0.0.1", free_port(), timeout_s)
     context = mp.start_processes(_worker, args=(options, recipe, device_type, os.getpid()), nprocs=world - 1,
