@@ -43,6 +43,12 @@ class Runtime:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def close(self) -> None:
+        """Stop what the target runs beside this process (the other ranks of a tensor-parallel target)."""
+        close = getattr(self.target.model, "close", None)
+        if close is not None:
+            close()
+
     def with_drafter(self, drafter: Drafter) -> "Runtime":
         """The same target behind another drafter (e.g. `none`, for the plain-decoding baseline)."""
         return Runtime(self.target, drafter, engine_for(self.target, drafter), self.threads)
@@ -67,12 +73,37 @@ def engine_for(target: LoadedModel, drafter: Drafter) -> Engine:
 
 def build_runtime(target: str = "default", draft: str = DEFAULT_DRAFT, device: str | None = None,
                   dtype: str | None = None, draft_dtype: str | None = None, backend: str = "auto",
-                  threads: int | None = None) -> Runtime:
-    """threads: torch's CPU threads (None: cpu_threads.pick_threads' choice), set before anything loads."""
+                  threads: int | None = None, tensor_parallel: int = 1) -> Runtime:
+    """threads: torch's CPU threads (None: cpu_threads.pick_threads' choice), set before anything loads.
+    tensor_parallel: ranks the target is sharded over (this process is rank 0; close() the runtime)."""
     chosen = use_threads(threads)
-    loaded = load_model(target, device=device, dtype=dtype, backend=backend)
-    drafter = make_drafter(draft, loaded, dtype=draft_dtype or dtype)
+    if tensor_parallel > 1:
+        loaded = load_tensor_parallel(target, device, dtype, backend, tensor_parallel)
+    else:
+        loaded = load_model(target, device=device, dtype=dtype, backend=backend)
+    try:
+        drafter = make_drafter(draft, loaded, dtype=draft_dtype or dtype)
+    except BaseException:
+        Runtime(loaded, None, None).close()
+        raise
     return Runtime(loaded, drafter, engine_for(loaded, drafter), chosen)
+
+
+def load_tensor_parallel(target: str, device: str | None, dtype: str | None, backend: str,
+                         world: int) -> LoadedModel:
+    """The target sharded over `world` ranks (parallel/), with its tokenizer and end-of-sequence ids."""
+    from specdec.models.loader import pick_device
+    from specdec.parallel.launch import open_tensor_parallel
+    from specdec.parallel.recipes import NamedTarget
+
+    if backend == "hf":
+        raise InvalidRequestError("--tensor-parallel-size runs the native backend; drop --backend hf")
+    dev = pick_device(device)
+    recipe = NamedTarget(target, dtype or ("bf16" if dev.type == "cuda" else "fp32"))
+    on_host = recipe.load()
+    sharded = open_tensor_parallel(recipe, world, dev.type, built=recipe.build(on_host))
+    sharded.model = on_host.model.model  # what eos_ids reads (generation_config); stays on the host
+    return LoadedModel(sharded, on_host.tokenizer, on_host.name)
 
 
 def require_prompt(prompt: str) -> None:
