@@ -135,3 +135,13 @@ def test_auto_measures_the_verify_cost_of_the_real_target(tiny_target):
                            config=BatchConfig(speculation=SpeculationPolicy.auto(k_max=4)))
     expected = plain(tiny_target, [7, 8, 7, 8], GenerationConfig(max_new_tokens=6)).token_ids
     assert list(engine.generate([[7, 8, 7, 8]], GenerationConfig(max_new_tokens=6))[0].token_ids) == list(expected)
+
+
+def test_the_speculation_flag_resolves_to_a_policy():
+    from specdec.speculation import policy_from_flag
+
+    assert policy_from_flag(None, 4) == SpeculationPolicy()
+    assert policy_from_flag("auto", 6) == SpeculationPolicy.auto(k_max=6)
+    assert policy_from_flag("2", 6) == SpeculationPolicy.fixed(2)
+    with pytest.raises(InvalidRequestError, match="auto or a whole number"):
+        policy_from_flag("0", 6)

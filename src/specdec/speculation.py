@@ -112,6 +112,18 @@ class SpeculationPolicy:
         return (accepted + self.prior_accepted) / (drafted + self.prior_accepted + self.prior_rejected)
 
 
+def policy_from_flag(text: str | None, k_max: int) -> SpeculationPolicy:
+    """`--speculation auto|K`: auto picks 0..k_max drafts per sequence per step, K fixes it for every
+    sequence; None keeps each request's own k (SpeculationPolicy())."""
+    if text is None:
+        return SpeculationPolicy()
+    if text == "auto":
+        return SpeculationPolicy.auto(k_max=k_max)
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidRequestError(f"--speculation must be auto or a whole number K >= 1, got {text!r}")
+    return SpeculationPolicy.fixed(int(text))
+
+
 def tokens_at(alpha: float, k: int) -> float:
     """tau: expected tokens of a step with k drafts (1 for a plain step)."""
     return 1.0 if k == 0 else expected_tokens_per_round(alpha, k)

@@ -17,6 +17,10 @@ def register(sub) -> None:
                                    "one batched engine; more wait in a bounded queue.")
     add_model_flags(p)
     add_k_flag(p, note=" unless a request sets `k`")
+    p.add_argument("--speculation", default=None, metavar="auto|K",
+                   help="K for every sequence, or auto: 0..K (the -k above) per sequence per step, whatever "
+                        "makes the batch fastest (it times the target at start-up); either way a request's "
+                        "`k` is not used (default: each request's `k`, else -k)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
@@ -61,7 +65,9 @@ def build_state(args: argparse.Namespace):
     from specdec.runtime import build_runtime
     from specdec.server.app import ServerConfig, ServerState
     from specdec.server.limits import Limits
+    from specdec.speculation import policy_from_flag
 
+    speculation = policy_from_flag(args.speculation, args.k)
     if args.max_queue < 0:
         raise InvalidRequestError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not args.graceful_timeout >= 0:
@@ -79,8 +85,14 @@ def build_state(args: argparse.Namespace):
     config = ServerConfig(model_name=args.served_model_name or runtime.target.name, default_draft=args.draft,
                           k=args.k, api_key=args.api_key or None, max_queue=args.max_queue, limits=limits,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                          prefill_chunk=args.prefill_chunk)
+                          prefill_chunk=args.prefill_chunk, speculation=speculation)
     return ServerState(config, runtimes)
+
+
+def _speculation_line(state) -> str:
+    policy = state.config.speculation
+    return {"request": f"K={state.config.k} unless a request sets k", "fixed": f"K={policy.k} for every sequence",
+            "auto": f"K auto, 0..{policy.k}"}[policy.mode]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     threads = state.default_runtime.threads
     slots = state.slots
     cache = f"KV cache {state.kv_cache_bytes / 2**20:.0f} MiB" if state.kv_cache_bytes else "a KV cache per slot"
-    print(f"specdec: serving {state.config.model_name!r} (draft {args.draft}, K={args.k}, {threads.describe()}) "
+    print(f"specdec: serving {state.config.model_name!r} (draft {args.draft}, {_speculation_line(state)}, {threads.describe()}) "
           f"at http://{args.host}:{args.port}/ ; API at /v1", flush=True)
     print(f"specdec: {type(slots).__name__}: {slots.max_slots} sequences x {slots.max_length} positions, {cache}; "
           f"up to {args.max_queue} more wait", flush=True)

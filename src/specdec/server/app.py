@@ -37,6 +37,7 @@ from specdec.server.connection import BodyLimit
 from specdec.server.limits import Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.worker import DoneEvent, EngineWorker, ErrorEvent, Job, TokenEvent
+from specdec.speculation import SpeculationPolicy
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context
@@ -53,6 +54,7 @@ class ServerConfig:
     max_num_seqs: int = 8  # sequences decoding together: the slot model's slots
     max_model_len: int | None = None  # a slot's positions (None: the target's own context, at most 4096)
     prefill_chunk: int = BatchConfig.prefill_chunk
+    speculation: SpeculationPolicy = SpeculationPolicy()  # K per sequence per step (default: each request's k)
 
 
 class ServerState:
@@ -68,7 +70,7 @@ class ServerState:
         self.slots = slot_target(runtime.target.model, config.max_num_seqs, config.max_model_len)
         pools = {name: self._pool(name) for name in runtimes}  # every sequence is given its drafter
         self.engine = BatchedEngine(self.slots, pools[config.default_draft].take, eos_ids(runtime.target),
-                                    runtime.decode, BatchConfig(prefill_chunk=config.prefill_chunk))
+                                    runtime.decode, BatchConfig(config.prefill_chunk, config.speculation))
         self.kv_cache_bytes = int(getattr(self.slots, "kv_cache_bytes", 0))
         self.metrics.set_capacity(self.slots.max_slots, self.kv_cache_bytes)
         self.worker = EngineWorker(self.engine, pools, config.max_queue, self.metrics)
@@ -198,7 +200,8 @@ def _model_card(state: ServerState) -> dict:
     c = state.config
     return {"id": c.model_name, "object": "model", "created": P.now(), "owned_by": "specdec",
             "max_model_len": state.max_model_len,
-            "specdec": {"drafters": list(state.runtimes), "draft": c.default_draft, "k": c.k,
+            "specdec": {"drafters": list(state.runtimes), "draft": c.default_draft, "k": _server_k(c),
+                        "speculation": c.speculation.mode,
                         "max_k": P.MAX_K, "max_num_seqs": state.slots.max_slots, "max_queue": c.max_queue,
                         "kv_cache_bytes": state.kv_cache_bytes}}
 
@@ -290,8 +293,15 @@ def _check_fields(state: ServerState, request: P.SamplingFields) -> None:
 
 
 def _request_k(state: ServerState, request: P.SamplingFields) -> int:
-    """K for the request's sequences: its own `k`, else the server's (where --speculation auto will plug in)."""
-    return request.k or state.config.k
+    """K for the request's sequences: its own `k`, else the server's; under --speculation auto|K the
+    server's policy decides (its K, auto's most), and a request's `k` is not used."""
+    own = request.k if state.config.speculation.mode == "request" else None
+    return own or _server_k(state.config)
+
+
+def _server_k(config: ServerConfig) -> int:
+    """The server's K: -k, or under --speculation its K (auto: the most it drafts)."""
+    return config.k if config.speculation.mode == "request" else config.speculation.k
 
 
 def _sampling(request: P.SamplingFields, index: int) -> SamplingParams:

@@ -26,6 +26,11 @@ class ServerMetrics:
                                  "with n > 1 brings n).", labels, registry=r)
         self.seq_waiting = Gauge(m + "num_sequences_waiting", "Sequences waiting for a slot.", labels, registry=r)
         self.batch_size = Gauge(m + "batch_size", "Sequences in the engine's latest step.", labels, registry=r)
+        self.decided_batch = Gauge(m + "speculation_batch_size", "Sequences in the latest target pass, prefilling "
+                                   "ones included (engine.last_decision).", labels, registry=r)
+        self.decided_k = Gauge(m + "speculation_k", "Drafts each decoding sequence of the latest pass verified "
+                               "(--speculation auto: chosen per step), by its place in the batch.",
+                               labels + ["sequence"], registry=r)
         self.max_num_seqs = Gauge(m + "max_num_seqs", "Slots: the most sequences one step runs.", labels, registry=r)
         self.kv_cache_bytes = Gauge(m + "kv_cache_bytes", "Bytes of the target's preallocated slot KV cache "
                                     "(0: caches grow per sequence).", labels, registry=r)
@@ -77,6 +82,15 @@ class ServerMetrics:
             self.batch_size.labels(self.model).set(sequences)
             self.steps.labels(self.model).inc()
             self.step_sequences.labels(self.model).inc(sequences)
+
+    def decided(self, decision) -> None:
+        """The engine's latest speculation.StepDecision (None before its first pass)."""
+        if decision is None:
+            return
+        self.decided_batch.labels(self.model).set(decision.batch_size)
+        self.decided_k.clear()  # only this pass's sequences: the batch changes from step to step
+        for place, k in enumerate(decision.ks):
+            self.decided_k.labels(self.model, str(place)).set(k)
 
     def reject(self, status: int) -> None:
         self.rejected.labels(self.model, str(status)).inc()
