@@ -29,9 +29,10 @@ def test_bench_serve_against_our_server(server, tmp_path, capsys):
                  "--scoreboard", str(board)]) == 0
     assert "bench serve" in capsys.readouterr().out
     result = json.loads(next(tmp_path.glob("serve-*.json")).read_text())
-    assert result["model"] == "tiny" and result["label"] == "tiny-test" and result["server_speculation"]["k"] == 4
-    assert [run["concurrency"] for run in result["runs"]] == list(LEVELS)
-    for run in result["runs"]:
+    (served,) = result["servers"]
+    assert served["model"] == "tiny" and result["label"] == "tiny-test" and served["server_speculation"]["k"] == 4
+    assert [run["concurrency"] for run in served["runs"]] == list(LEVELS)
+    for run in served["runs"]:
         assert run["completed"] + run["failed"] == run["num_prompts"] == N
         assert run["failed"] == 0, run["errors"]
         assert run["total_output_tokens"] == N * MAX_TOKENS  # ignore_eos: every request runs to max_tokens
@@ -44,6 +45,31 @@ def test_bench_serve_against_our_server(server, tmp_path, capsys):
         assert 0 <= spec["acceptance_rate"] <= 1 and 1 <= spec["mean_acceptance_length"] <= 5
     rows = [line for line in board.read_text().splitlines() if "(serve, c=" in line]
     assert len(rows) == len(LEVELS) and "tiny-test" in rows[0]
+
+
+def test_bench_serve_compares_servers_side_by_side(server, tmp_path):
+    from specdec.cli import main
+
+    board = tmp_path / "SCOREBOARD.md"
+    assert main(["bench", "serve", "--server", f"spec={server.url}", "--server", f"plain={server.url}/v1",
+                 "--concurrency", "1,3", "--n", "3", "--max-tokens", "6", "--ignore-eos", "--out-dir", str(tmp_path),
+                 "--scoreboard", str(board)]) == 0
+    result = json.loads(next(tmp_path.glob("serve-*.json")).read_text())
+    assert [s["label"] for s in result["servers"]] == ["spec", "plain"] and result["baseline"] == "plain"
+    spec, plain = result["servers"]
+    assert all(r["speedup"] == 1.0 for r in plain["runs"])
+    for mine, base in zip(spec["runs"], plain["runs"]):
+        assert mine["speedup"] == pytest.approx(mine["output_throughput"] / base["output_throughput"])
+    assert (tmp_path / result["plot"].rsplit("/", 1)[-1]).stat().st_size > 0
+    rows = [line for line in board.read_text().splitlines() if "(serve, c=" in line]
+    assert len(rows) == 4 and any(line.count("plain: ") for line in rows)
+
+
+def test_a_server_flag_without_a_label_is_one_clear_error(capsys):
+    from specdec.cli import main
+
+    assert main(["bench", "serve", "--server", "http://127.0.0.1:1"]) == 2
+    assert "LABEL=URL" in capsys.readouterr().err
 
 
 def test_failed_requests_are_counted_not_timed():

@@ -32,7 +32,11 @@ CASES = [
     ("temperature too high", CHAT, {"messages": MSG, "temperature": 7}, 400, "temperature"),
     ("negative temperature", CHAT, {"messages": MSG, "temperature": -1}, 400, "temperature"),
     ("top_p zero", COMP, {"prompt": "hello", "top_p": 0}, 400, "top_p"),
-    ("n two", CHAT, {"messages": MSG, "n": 2}, 400, "n"),
+    ("n zero", CHAT, {"messages": MSG, "n": 0}, 400, "n"),
+    ("n past the limit", COMP, {"prompt": "hello", "n": 17}, 400, "n"),
+    ("n past the queue", COMP, {"prompt": "hello", "n": 11}, 400, "n"),  # 8 slots + 2 waiting
+    ("logprobs past 20", COMP, {"prompt": "hello", "logprobs": 21}, 400, "logprobs"),
+    ("top_logprobs without logprobs", CHAT, {"messages": MSG, "top_logprobs": 2}, 400, "top_logprobs"),
     ("stop of the wrong type", COMP, {"prompt": "hello", "stop": 5}, 400, "stop"),
     ("k zero", COMP, {"prompt": "hello", "k": 0}, 400, "k"),
     ("unknown draft", COMP, {"prompt": "hello", "draft": "psychic"}, 400, "draft"),
@@ -64,10 +68,26 @@ def test_malformed_request_gets_openai_error(server, name, path, body, status, p
     assert_openai_error(r, status, param)
 
 
-def test_unknown_fields_are_ignored(server):
-    body = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "logit_bias": {"5": 1}, "user": "x",
-            "frequency_penalty": 0}
+def test_unknown_fields_are_ignored_and_neutral_sampling_fields_accepted(server):
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 2, "logit_bias": {}, "user": "x",
+            "frequency_penalty": 0, "presence_penalty": 0.0, "response_format": {"type": "text"}, "best_of": 1,
+            "some_future_field": [1, 2]}
     assert httpx.post(server.url + COMP, json=body, timeout=30).status_code == 200
+
+
+REFUSED = [  # (path, field, a value that would change sampling)
+    (COMP, "presence_penalty", 0.5), (CHAT, "frequency_penalty", 1), (COMP, "logit_bias", {"5": 1}),
+    (CHAT, "response_format", {"type": "json_object"}), (COMP, "best_of", 2), (COMP, "echo", True),
+    (COMP, "repetition_penalty", 1.2), (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
+    (COMP, "min_tokens", 4), (CHAT, "guided_choice", ["yes", "no"]), (COMP, "suffix", "end"),
+]
+
+
+@pytest.mark.parametrize("path,field,value", REFUSED, ids=[r[1] for r in REFUSED])
+def test_fields_that_change_sampling_are_refused_by_name(server, path, field, value):
+    body = {"max_tokens": 2, field: value, **({"messages": MSG} if path == CHAT else {"prompt": "hello"})}
+    error = assert_openai_error(httpx.post(server.url + path, json=body, timeout=30), 400, field)
+    assert error["code"] == "unsupported_parameter" and error["message"].startswith(field)
 
 
 def test_unknown_route_is_openai_shaped_404(server):

@@ -29,7 +29,7 @@ GRACE = 2  # --graceful-timeout of the short-timeout server
 
 @pytest.fixture(scope="module")
 def server():
-    return shared_server("--max-queue", "2")
+    return shared_server("--max-queue", "2", "--max-num-seqs", "1")  # one slot: a second request waits
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def short_server():
     """Timeouts of 1 s; the SIGTERM test (the last in this file) ends it."""
     target, draft = build_tiny_models(tiny_root())
     args = ["--target", str(target), "--draft", str(draft), "-k", "4", "--served-model-name", "tiny",
-            "--max-queue", "16", "--graceful-timeout", str(GRACE), "--timeout-keep-alive", "1",
+            "--max-queue", "16", "--max-num-seqs", "1", "--graceful-timeout", str(GRACE), "--timeout-keep-alive", "1",
             "--timeout-headers", "1", "--timeout-body", "1"]
     proc = ServerProcess(args, tiny_root() / "server-short-timeouts.log").wait_ready()
     yield proc

@@ -18,6 +18,7 @@ sequence's tokens are the ones it gets alone, whatever shares its batch and when
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import time
@@ -32,15 +33,18 @@ from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, p
 from specdec.engine import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
-from specdec.sampling import warp_ragged
+from specdec.sampling import token_logprobs, warp_ragged
+from specdec.speculation import SpeculationPolicy, StepDecision, choose_ks, measure_verify_cost
 from specdec.verify import Verdict, ragged_outcome, read_ragged_round
 
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """How the engine schedules: prefill_chunk is the most prompt tokens a sequence runs in one step."""
+    """How the engine schedules: prefill_chunk is the most prompt tokens a sequence runs in one step;
+    speculation: how many drafts each sequence verifies per step (default: its request's k)."""
 
     prefill_chunk: int = 256
+    speculation: SpeculationPolicy = SpeculationPolicy()
 
     def __post_init__(self) -> None:
         if self.prefill_chunk < 1:
@@ -138,10 +142,11 @@ class _Sequence:
         """The feature layers its drafter reads, or None when it reads no features."""
         return self.drafter.feature_layers if self.drafter.needs_target_features else None
 
-    def next_k(self) -> int:
-        """Drafts this round: a round emits up to k + 1 tokens, never past max_new_tokens."""
+    def next_k(self, k: int | None = None) -> int:
+        """Drafts this round, at most k (default: its request's): a round emits up to k + 1 tokens,
+        never past max_new_tokens."""
         remaining = self.config.max_new_tokens - (len(self.context) - len(self.prompt))
-        return max(0, min(self.config.k, remaining - 1))
+        return max(0, min(self.config.k if k is None else k, remaining - 1))
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,12 @@ class BatchedEngine:
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._ids = itertools.count()
+        policy = config.speculation
+        self._verify_cost = policy.verify_cost
+        if policy.mode == "auto" and self._verify_cost is None:
+            self._verify_cost = measure_verify_cost(target, policy.k)
+        self._drafting = [0.0, 0]  # seconds spent drafting, tokens asked for: the drafter's cost per token
+        self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
 
     @property
     def busy(self) -> bool:
@@ -220,6 +231,7 @@ class BatchedEngine:
         start = time.perf_counter()
         units = self._plan()
         drafted = time.perf_counter()
+        self._drafting[0] += drafted - start
         out = self.target.forward_ragged([u.seq.slot for u in units], [u.tokens for u in units],
                                          logits=[u.draft is not None for u in units],
                                          features=[u.seq.layers for u in units])
@@ -255,6 +267,7 @@ class BatchedEngine:
     def _leave(self, done: list[_Sequence]) -> None:
         for seq in done:
             self._running.remove(seq)
+            seq.drafter.end()  # e.g. its slot of a shared draft cache goes back
             self.target.release(seq.slot)
             heapq.heappush(self._free, seq.slot)
             if seq.handle.cancelled and not seq.handle.done:
@@ -263,7 +276,7 @@ class BatchedEngine:
     def _plan(self) -> list[_Unit]:
         """Every running sequence's unit, in batch order: prefill chunks, and verifies after drafting."""
         decoding = [s for s in self._running if not s.prefilling]
-        ks = [s.next_k() for s in decoding]
+        ks = self._decide(decoding)
         drafts = propose_all([s.drafter for s in decoding], [s.context for s in decoding], ks,
                              [s.config.sampling for s in decoding], [s.generator for s in decoding])
         draft_of = {id(s): d or empty_draft(self.target.device) for s, d in zip(decoding, drafts)}
@@ -277,6 +290,25 @@ class BatchedEngine:
                 units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft))
         return units
 
+    def _decide(self, decoding: list[_Sequence]) -> list[int]:
+        """K per decoding sequence under the speculation policy; the decision goes to last_decision."""
+        policy, ids = self.config.speculation, tuple(s.handle.request_id for s in decoding)
+        if policy.mode != "auto":
+            ks = [s.next_k(policy.k if policy.mode == "fixed" else None) for s in decoding]
+            self.last_decision = StepDecision(policy.mode, ids, tuple(ks), len(self._running))
+            return ks
+        alphas = [policy.acceptance(s.handle.stats.accepted, s.handle.stats.drafted) for s in decoding]
+        seconds, tokens = self._drafting
+        per_token = seconds / tokens if tokens else policy.draft_seconds_per_token
+        other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
+                      for s in self._running if s.prefilling]
+        plan = choose_ks(alphas, [s.next_k(policy.k) for s in decoding], self._verify_cost, per_token, other_rows,
+                         policy.min_gain)
+        self._drafting[1] += sum(plan.ks)
+        self.last_decision = StepDecision("auto", ids, plan.ks, len(self._running),
+                                          plan.predicted_tokens_per_second, plan.plain_tokens_per_second)
+        return list(plan.ks)
+
     def _settle(self, units: list[_Unit], out: RaggedOutput) -> list[tuple[list[EmittedToken], str | None]]:
         """Each unit's tokens emitted this step and finish reason (None: it goes on)."""
         rounds = judge(units, out)
@@ -285,7 +317,10 @@ class BatchedEngine:
             if unit.draft is None:
                 results.append(([], self._prefilled(unit, out.features[i])))
             else:
-                results.append(self._apply(unit.seq, *rounds[i], out.features[i]))
+                tokens, reason = self._apply(unit.seq, *rounds[i], out.features[i])
+                if unit.seq.config.logprobs is not None:  # only then: a read and a softmax more
+                    tokens = with_logprobs(tokens, out.logits_of(i), unit.seq.config)
+                results.append((tokens, reason))
         return results
 
     def _prefilled(self, unit: _Unit, features: torch.Tensor | None) -> None:  # never finishes a sequence
@@ -373,6 +408,13 @@ def judge(units: list[_Unit], out: RaggedOutput) -> dict[int, tuple[Verdict, lis
                                               [s.generator for s in seqs])
     rounds = read_ragged_round(num_accepted, next_token, draft_tokens, offsets)
     return {i: (verdict, kept, next_token[j:j + 1]) for j, (i, (verdict, kept)) in enumerate(zip(verify, rounds))}
+
+
+def with_logprobs(tokens: list[EmittedToken], logits: torch.Tensor, config: GenerationConfig) -> list[EmittedToken]:
+    """The round's emitted tokens with their log-probabilities under the target's p (sampling.token_logprobs):
+    logits [K + 1, V] the verify's rows; emitted token j came from row j."""
+    scores = token_logprobs(logits, config.sampling, [t.token_id for t in tokens], config.logprobs)
+    return [dataclasses.replace(t, logprob=lp, top_logprobs=top) for t, (lp, top) in zip(tokens, scores)]
 
 
 def check_request(prompt: list[int], config: GenerationConfig, max_length: int, decode) -> None:

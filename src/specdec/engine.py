@@ -33,9 +33,15 @@ class Origin(str, Enum):
 
 @dataclass(frozen=True)
 class EmittedToken:
+    """One emitted token. logprob and top_logprobs are filled only when the request asked for them
+    (GenerationConfig.logprobs; the batched engine): the token's log-probability under the target's
+    p at its position, and the `logprobs` most likely tokens there as (id, log-probability)."""
+
     token_id: int
     origin: Origin
     round_index: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -47,8 +53,11 @@ class GenerationConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; n >= 0: each token's log-probability and the n most likely
 
     def __post_init__(self) -> None:
+        if self.logprobs is not None and self.logprobs < 0:
+            raise InvalidRequestError(f"logprobs must be >= 0 (or None), got {self.logprobs}")
         if self.max_new_tokens < 1:
             raise InvalidRequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.k < 1:
@@ -178,6 +187,8 @@ class Engine:
             raise InvalidRequestError("the prompt is empty: give at least one token of text")
         if config.stop and self.decode is None:
             raise InvalidRequestError("stop strings need a decode function (pass the tokenizer's decode)")
+        if config.logprobs is not None:
+            raise InvalidRequestError("logprobs are computed by the batched engine only (BatchedEngine)")
         limit = self.target.max_length
         if len(prompt) + config.max_new_tokens > limit:
             raise InvalidRequestError(

@@ -87,6 +87,32 @@ def warp_ragged(logits: torch.Tensor, offsets: Sequence[int], params: Sequence[S
     return torch.cat([warp_logits(logits[lo:hi], sp) for lo, hi, sp in zip(offsets[:-1], offsets[1:], params)])
 
 
+def token_logprobs(logits: torch.Tensor, params: SamplingParams, tokens: Sequence[int],
+                   top: int) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    """Log-probabilities of emitted tokens under the target's processed distribution p, and the
+    `top` most likely tokens at each position (those p gives no mass are left out).
+
+    logits: [n, V] the target's raw logits at n positions (all of a verify's rows, warped together as
+    the rule warped them); tokens: [m <= n] the tokens emitted at the first m positions.
+    p is warp_logits' (temperature, top-k, top-p, min-p), the distribution the rejection rule used,
+    except when greedy: there p is one-hot (log 0 for the argmax, -inf for every other token), so the
+    untruncated softmax of the raw logits (temperature 1) is reported instead. One read to the host.
+    """
+    if params.greedy:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+    else:
+        logp = warp_logits(logits, params).log()  # the same rows, the same call: the rule's p bit for bit
+    index = torch.tensor(list(tokens), dtype=torch.long, device=logits.device)
+    logp = logp[: index.shape[0]]  # [m, V]
+    chosen = logp.gather(1, index[:, None])[:, 0]  # [m]
+    best = torch.topk(logp, min(top, logp.shape[-1]), dim=-1) if top > 0 else None
+    values = chosen.tolist()
+    alternatives = [()] * len(values) if best is None else [
+        tuple((i, v) for i, v in zip(ids, vals) if v != float("-inf"))
+        for ids, vals in zip(best.indices.tolist(), best.values.tolist())]
+    return list(zip(values, alternatives))
+
+
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p. probs: [..., V]."""
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True)

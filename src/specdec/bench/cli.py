@@ -11,6 +11,7 @@ BENCH_MODULES: list[str] = [
     # e.g. "specdec.bench.verify_cost"; each module adds its own subcommand
     "specdec.bench.verify_cost",
     "specdec.bench.sweep",
+    "specdec.bench.policy",
     "specdec.bench.lookup",
     "specdec.bench.exactness",
     "specdec.bench.specbench",

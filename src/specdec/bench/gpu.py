@@ -18,6 +18,9 @@ import statistics
 import time
 from pathlib import Path
 
+from specdec.commands import add_tensor_parallel_flag
+from specdec.errors import InvalidRequestError, UnsupportedHereError
+
 SIZES = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64]
 ALPHAS = [0.6, 0.8, 0.9]
 
@@ -36,12 +39,40 @@ def add_flags(p) -> None:
     p.add_argument("--new-tokens", type=int, default=128, help="tokens per generation in the engine runs")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: the cores less the busy ones)")
     p.add_argument("--no-hf-compile", action="store_true", help="skip transformers' static cache + compile row")
+    p.add_argument("--batch", default=None, help="with --cpu: batch sizes for the batched engine's table, e.g. 1,4,16")
     p.add_argument("--draft-megakernel", action="store_true",
                    help="the draft's single-token steps through the megakernel (Hopper; models/megakernel.py)")
+    add_tensor_parallel_flag(p)
 
 
 def run(args) -> int:
+    check_tensor_parallel(args)
+    if args.cpu and args.batch:
+        from specdec.bench.batch import run_cpu_batch
+
+        return run_cpu_batch(args)
     return run_cpu(args) if args.cpu else run_gpu(args)
+
+
+def check_tensor_parallel(args) -> None:
+    """Size 1 is the single-GPU bench; a larger size is validated, then refused: its timings (all-reduce
+    time a step, % of the summed copy ceiling) await a multi-GPU machine to be written and checked on."""
+    world = args.tensor_parallel_size
+    if world == 1:
+        return
+    if args.cpu:
+        raise InvalidRequestError("--cpu benches one process; drop --tensor-parallel-size")
+    import torch
+
+    from specdec.models.llama_config import named_arch
+    from specdec.parallel.shard import check_divisible
+
+    check_divisible(named_arch("llama-3.1-8b"), world)
+    visible = torch.cuda.device_count()
+    if visible < world:
+        raise UnsupportedHereError(f"--tensor-parallel-size {world} needs {world} GPUs; {visible} are visible")
+    raise UnsupportedHereError("bench gpu has no tensor-parallel timings yet (they await a multi-GPU machine); "
+                               f"`specdec generate --tensor-parallel-size {world}` runs a sharded target")
 
 
 def main(argv=None) -> int:

@@ -29,11 +29,15 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="load-test an OpenAI-compatible server (TTFT, TPOT, ITL, throughput)",
                        description="Stream N requests per concurrency level to a running server and report "
                                    "latency percentiles and throughput, like `vllm bench serve`.")
-    p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    p.add_argument("--base-url", default=None, help="server root, e.g. http://127.0.0.1:8000 (one server)")
+    p.add_argument("--server", action="append", default=[], metavar="LABEL=URL",
+                   help="a server to compare, repeatable (e.g. plain=http://h:8000 k4=http://h:8001); each "
+                        "level runs on each server in turn; speedups are against the one labelled `plain` "
+                        "(else the first), and a plot of speedup against concurrency is saved")
     p.add_argument("--model", default=None, help="model id to send (default: the first of /v1/models)")
     p.add_argument("--prompts", default=None, help="JSONL (prompt/text/turns) or one prompt a line "
                                                    "(default: a few built-in chat prompts)")
-    p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels (default: %(default)s)")
+    p.add_argument("--concurrency", default="1,4,16,32", help="comma-separated levels (default: %(default)s)")
     p.add_argument("--n", type=int, default=200, help="requests per concurrency level (default: %(default)s)")
     p.add_argument("--max-tokens", type=int, default=256, help="max_tokens per request (default: %(default)s)")
     p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos (vLLM and specdec honour it)")
@@ -233,22 +237,58 @@ async def _server_info(client, model: str | None) -> tuple[str, dict]:
     return model or card["id"], card.get("specdec") or {}
 
 
-async def bench(args: argparse.Namespace, prompts: list[str], levels: list[int]) -> dict:
+async def bench(args: argparse.Namespace, prompts: list[str], levels: list[int],
+                servers: list[tuple[str, str]]) -> dict:
+    """Each level on each server in turn (side by side, so that drift on the machine hits all alike)."""
     import httpx
+    from contextlib import AsyncExitStack
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    base = args.base_url.rstrip("/").removesuffix("/v1")
     limits = httpx.Limits(max_connections=max(levels) + 4)
-    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=args.timeout, limits=limits) as client:
-        model, spec_info = await _server_info(client, args.model)
-        runs = []
+    async with AsyncExitStack() as stack:
+        clients, out = {}, {}
+        for label, url in servers:
+            base = url.rstrip("/").removesuffix("/v1")
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=base, headers=headers, timeout=args.timeout, limits=limits))
+            model, spec_info = await _server_info(client, args.model)
+            clients[label] = (client, model)
+            out[label] = {"label": label, "base_url": url, "model": model, "server_speculation": spec_info, "runs": []}
         for concurrency in levels:
-            before = await _metrics(client)
-            results, duration = await run_level(client, args, model, prompts, concurrency)
-            summary = summarize(results, duration, concurrency)
-            summary["spec_decode"] = spec_delta(before, await _metrics(client))
-            runs.append(summary)
-    return {"model": model, "server_speculation": spec_info, "runs": runs}
+            for label, (client, model) in clients.items():
+                before = await _metrics(client)
+                results, duration = await run_level(client, args, model, prompts, concurrency)
+                summary = summarize(results, duration, concurrency)
+                summary["spec_decode"] = spec_delta(before, await _metrics(client))
+                out[label]["runs"].append(summary)
+    return {"servers": list(out.values())}
+
+
+def add_speedups(result: dict) -> str:
+    """Each run's output tokens/s over the baseline server's at the same concurrency; the baseline's label."""
+    servers = result["servers"]
+    base = next((s for s in servers if s["label"] == "plain"), servers[0])
+    for server in servers:
+        for run, ref in zip(server["runs"], base["runs"]):
+            run["speedup"] = run["output_throughput"] / ref["output_throughput"] if ref["output_throughput"] else None
+    return base["label"]
+
+
+def plot_speedups(result: dict, out_dir: str) -> str:
+    from specdec.bench.common import new_figure, save_plot
+
+    fig, ax = new_figure()
+    for server in result["servers"]:
+        runs = server["runs"]
+        ax.plot([r["concurrency"] for r in runs], [r["speedup"] or 0.0 for r in runs], marker="o", label=server["label"])
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel(f"output tokens/s over {result['baseline']}")
+    ax.set_title(f"bench serve: {result['servers'][0]['model']}\nmax_tokens {result['max_tokens']}, "
+                 f"{result['machine']}", fontsize=8)
+    ax.legend()
+    return str(save_plot(fig, out_dir, f"serve-{result['date']}"))
 
 
 def _levels(text: str) -> list[int]:
@@ -261,6 +301,20 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _servers(args: argparse.Namespace) -> list[tuple[str, str]]:
+    servers = [("server", args.base_url)] if args.base_url else []
+    for spec in args.server:
+        label, sep, url = spec.partition("=")
+        if not sep or not label or not url:
+            raise InvalidRequestError(f"--server: expected LABEL=URL, got {spec!r}")
+        servers.append((label, url))
+    if not servers:
+        raise InvalidRequestError("give --base-url URL or one or more --server LABEL=URL")
+    if len({label for label, _ in servers}) < len(servers):
+        raise InvalidRequestError("--server: each label once")
+    return servers
+
+
 def run(args: argparse.Namespace) -> int:
     from specdec.bench.common import read_prompts
     from specdec.bench.scoreboard import machine_name, save_json
@@ -268,56 +322,66 @@ def run(args: argparse.Namespace) -> int:
     if args.n < 1 or args.max_tokens < 1:
         raise InvalidRequestError("--n and --max-tokens must be >= 1")
     levels = _levels(args.concurrency)
+    servers = _servers(args)
     prompts = read_prompts(args.prompts)
-    result = asyncio.run(bench(args, prompts, levels))
-    result.update(date=time.strftime("%Y%m%d-%H%M%S"), backend=f"openai-{args.endpoint}", base_url=args.base_url,
+    result = asyncio.run(bench(args, prompts, levels, servers))
+    result.update(date=time.strftime("%Y%m%d-%H%M%S"), backend=f"openai-{args.endpoint}",
                   prompts=args.prompts or "built-in", max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
                   temperature=args.temperature, n=args.n, label=args.label, change=args.change,
                   machine=machine_name())
+    result["baseline"] = add_speedups(result)
+    if len(servers) > 1:
+        result["plot"] = plot_speedups(result, args.out_dir)
     path = save_json(result, args.out_dir, "serve")
-    _print_table(result)
+    for server in result["servers"]:
+        _print_table(result, server)
     if not args.no_scoreboard:
         _scoreboard_rows(result, args)
-    print(f"saved {path}")
+    print(f"saved {path}" + (f"; plot {result['plot']}" if result.get("plot") else ""))
     return 0
 
 
 def _scoreboard_rows(result: dict, args: argparse.Namespace) -> None:
     from specdec.bench.scoreboard import ScoreRow, append_row
 
-    info = result["server_speculation"]
     label = f" [{args.label}]" if args.label else ""
-    draft = (args.extra_body or {}).get("draft") or info.get("draft", "?")
-    k = (args.extra_body or {}).get("k") or info.get("k", "-")
-    for r in result["runs"]:
-        spec = r["spec_decode"] or {}
-        append_row(ScoreRow(target=result["model"], draft=f"{draft} (serve, c={r['concurrency']}){label}",
-                            k=str(k), precision="-", tokens_per_second=r["output_throughput"],
-                            tau=spec.get("mean_acceptance_length"), alpha=spec.get("acceptance_rate")),
-                   args.scoreboard)
+    for server in result["servers"]:
+        info = server["server_speculation"]
+        draft = (args.extra_body or {}).get("draft") or info.get("draft", "?")
+        k = (args.extra_body or {}).get("k") or info.get("k", "-")
+        name = "" if server["label"] == "server" else f"{server['label']}: "
+        for r in server["runs"]:
+            spec = r["spec_decode"] if r["spec_decode"] and r["spec_decode"]["num_drafts"] else {}
+            append_row(ScoreRow(target=server["model"], draft=f"{name}{draft} (serve, c={r['concurrency']}){label}",
+                                k=str(k) if spec else "-", precision="-", tokens_per_second=r["output_throughput"],
+                                speedup=r.get("speedup") if len(result["servers"]) > 1 else None,
+                                tau=spec.get("mean_acceptance_length"), alpha=spec.get("acceptance_rate")),
+                       args.scoreboard)
 
 
-def _print_table(result: dict) -> None:
+def _print_table(result: dict, server: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
-    console = Console(width=max(console.width, 132))  # a pipe reports 80 columns: too few for this table
+    console = Console(width=max(console.width, 140))  # a pipe reports 80 columns: too few for this table
 
-    table = Table(title=f"bench serve: {result['model']} ({result['backend']}, max_tokens {result['max_tokens']})",
-                  title_justify="left")
-    for col in ("conc.", "done/failed", "req/s", "out tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
+    table = Table(title=f"bench serve \\[{escape(server['label'])}]: {server['model']} ({result['backend']}, max_tokens "
+                        f"{result['max_tokens']}; speedup over {result['baseline']})", title_justify="left")
+    for col in ("conc.", "done/failed", "req/s", "out tok/s", "speedup", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
                 "ITL p50/p99 ms", "alpha", "tau"):
         table.add_column(col, justify="right")
-    for r in result["runs"]:
+    for r in server["runs"]:
         spec = r["spec_decode"] if r["spec_decode"] and r["spec_decode"]["num_drafts"] else {}
         table.add_row(str(r["concurrency"]), f"{r['completed']}/{r['failed']}", f"{r['request_throughput']:.2f}",
-                      f"{r['output_throughput']:.1f}", f"{r['median_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f}",
+                      f"{r['output_throughput']:.1f}", f"{r['speedup']:.2f}" if r.get("speedup") else "-",
+                      f"{r['median_ttft_ms']:.0f}/{r['p99_ttft_ms']:.0f}",
                       f"{r['median_tpot_ms']:.1f}/{r['p99_tpot_ms']:.1f}",
                       f"{r['median_itl_ms']:.1f}/{r['p99_itl_ms']:.1f}",
                       f"{spec['acceptance_rate']:.2f}" if spec else "-",
                       f"{spec['mean_acceptance_length']:.2f}" if spec else "-")
     console.print(table)
-    for r in result["runs"]:
+    for r in server["runs"]:
         for error in r["errors"]:
-            print(f"  c={r['concurrency']} error: {error}")
+            print(f"  [{server['label']}] c={r['concurrency']} error: {error}")

@@ -47,6 +47,14 @@ def add_model_flags(parser: argparse.ArgumentParser, draft_default: str | None =
                              "may use less those other processes keep busy now, at least 1)")
 
 
+def add_tensor_parallel_flag(parser: argparse.ArgumentParser) -> None:
+    """--tensor-parallel-size: the target sharded over N ranks, started by the command (docs/parallel.md)."""
+    parser.add_argument("--tensor-parallel-size", type=positive_int, default=1, dest="tensor_parallel_size",
+                        help="shard the native target over N processes (one GPU each on CUDA; gloo on a CPU), "
+                             "started and stopped by this command; N must divide its KV heads and FFN width "
+                             "(default: %(default)s)")
+
+
 def add_k_flag(parser: argparse.ArgumentParser, default: int = 4, note: str = "") -> None:
     """-k/--num-draft-tokens, the same flag in every command that drafts."""
     parser.add_argument("-k", "--num-draft-tokens", type=positive_int, default=default, dest="k",

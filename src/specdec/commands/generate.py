@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
-from specdec.commands import add_model_flags, add_sampling_flags, positive_int, sampling_params
+from specdec.commands import add_model_flags, add_sampling_flags, add_tensor_parallel_flag, positive_int, sampling_params
 
 ORIGIN_STYLE = {"accepted": "green", "recovered": "yellow", "bonus": "cyan"}
 
@@ -16,6 +17,7 @@ def register(sub) -> None:
                        description="Generate from PROMPT (or stdin) with a draft and the target, exactly.")
     p.add_argument("prompt", nargs="?", help="the prompt text; read from stdin when omitted")
     add_model_flags(p)
+    add_tensor_parallel_flag(p)
     add_sampling_flags(p)
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -28,16 +30,31 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.drafters import NoDrafter
     from specdec.engine import GenerationConfig
-    from specdec.runtime import build_runtime, cut_at_stop, require_prompt
+    from specdec.runtime import build_runtime, require_prompt
 
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     require_prompt(prompt)  # before the model loads: a bad request should cost nothing
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling_params(args),
                               stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype, backend=args.backend,
-                            threads=args.threads)
+                            threads=args.threads, tensor_parallel=args.tensor_parallel_size)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that `finally` stops every rank
+    try:
+        return _generate(args, runtime, prompt, config)
+    finally:
+        runtime.close()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def _generate(args: argparse.Namespace, runtime, prompt: str, config) -> int:
+    from specdec.drafters import NoDrafter
+    from specdec.runtime import cut_at_stop
+
     prompt_ids = runtime.encode(prompt, chat=not args.raw)
     console = _console(args.json)
 
@@ -84,6 +101,7 @@ def _report(args, runtime, text: str, generation, baseline) -> dict:
         "target": runtime.target.name,
         "draft": runtime.drafter.name,
         "k": args.k,
+        "tensor_parallel_size": args.tensor_parallel_size,
         "threads": runtime.threads.count,
         "threads_why": runtime.threads.why,
         "stats": stats.to_dict(),

@@ -13,16 +13,28 @@ EXTRA_DRAFTERS = ("none", "lookup")  # cheap to keep loaded; the web view compar
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible API (and a web view) with speculative decoding",
                        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics "
-                                   "and a web view at / . One engine runs one request at a time; others wait "
-                                   "in a bounded queue.")
+                                   "and a web view at / . Up to --max-num-seqs sequences decode together in "
+                                   "one batched engine; more wait in a bounded queue.")
     add_model_flags(p)
     add_k_flag(p, note=" unless a request sets `k`")
+    p.add_argument("--speculation", default=None, metavar="auto|K",
+                   help="K for every sequence, or auto: 0..K (the -k above) per sequence per step, whatever "
+                        "makes the batch fastest (it times the target at start-up); either way a request's "
+                        "`k` is not used (default: each request's `k`, else -k)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                    help="require `Authorization: Bearer KEY` on /v1/* (default: $SPECDEC_API_KEY, else none)")
+    p.add_argument("--max-num-seqs", type=positive_int, default=8,
+                   help="sequences that decode together (the target's KV cache slots); a request with n > 1 "
+                        "brings n (default: %(default)s)")
     p.add_argument("--max-queue", type=int, default=16,
-                   help="requests that may wait while one runs; more get 503 (default: %(default)s)")
+                   help="sequences that may wait for a slot; beyond that a request gets 503 (default: %(default)s)")
+    p.add_argument("--max-model-len", type=positive_int, default=None,
+                   help="positions per slot, prompt + answer (default: the target's context, at most 4096)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=256,
+                   help="most prompt tokens one sequence runs in one engine step, so a long prompt holds "
+                        "the others up little (default: %(default)s)")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the target's name)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to finish requests in flight; then they get an error "
@@ -53,7 +65,9 @@ def build_state(args: argparse.Namespace):
     from specdec.runtime import build_runtime
     from specdec.server.app import ServerConfig, ServerState
     from specdec.server.limits import Limits
+    from specdec.speculation import policy_from_flag
 
+    speculation = policy_from_flag(args.speculation, args.k)
     if args.max_queue < 0:
         raise InvalidRequestError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not args.graceful_timeout >= 0:
@@ -69,8 +83,16 @@ def build_state(args: argparse.Namespace):
         if name not in runtimes:
             runtimes[name] = runtime.with_drafter(make_drafter(name, runtime.target))
     config = ServerConfig(model_name=args.served_model_name or runtime.target.name, default_draft=args.draft,
-                          k=args.k, api_key=args.api_key or None, max_queue=args.max_queue, limits=limits)
+                          k=args.k, api_key=args.api_key or None, max_queue=args.max_queue, limits=limits,
+                          max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                          prefill_chunk=args.prefill_chunk, speculation=speculation)
     return ServerState(config, runtimes)
+
+
+def _speculation_line(state) -> str:
+    policy = state.config.speculation
+    return {"request": f"K={state.config.k} unless a request sets k", "fixed": f"K={policy.k} for every sequence",
+            "auto": f"K auto, 0..{policy.k}"}[policy.mode]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,8 +101,12 @@ def run(args: argparse.Namespace) -> int:
 
     state = build_state(args)
     threads = state.default_runtime.threads
-    print(f"specdec: serving {state.config.model_name!r} (draft {args.draft}, K={args.k}, {threads.describe()}) "
+    slots = state.slots
+    cache = f"KV cache {state.kv_cache_bytes / 2**20:.0f} MiB" if state.kv_cache_bytes else "a KV cache per slot"
+    print(f"specdec: serving {state.config.model_name!r} (draft {args.draft}, {_speculation_line(state)}, {threads.describe()}) "
           f"at http://{args.host}:{args.port}/ ; API at /v1", flush=True)
+    print(f"specdec: {type(slots).__name__}: {slots.max_slots} sequences x {slots.max_length} positions, {cache}; "
+          f"up to {args.max_queue} more wait", flush=True)
     make_server(create_app(state), state.worker, args.host, args.port, args.log_level, state.config.limits,
                 args.graceful_timeout).run()
     return 0  # also after SIGTERM: the drain answered every request

@@ -57,6 +57,24 @@ class Drafter(ABC):
     def commit(self, num_valid: int) -> None:
         """After a round: the first num_valid tokens of the text are final; forget the rest."""
 
+    def end(self) -> None:
+        """Its sequence is done (the batched engine calls this as the sequence leaves): give back
+        whatever it holds for the sequence, e.g. a slot of a shared draft cache."""
+
+    def for_batch(self, max_slots: int) -> "Drafter":
+        """This kind made to draft for up to max_slots sequences at once, as the prototype that
+        fork() copies for each (a draft model moves onto a slot model of its weights); most kinds
+        are that already."""
+        return self
+
+    def fork(self) -> "Drafter":
+        """A fresh drafter of the same kind for another sequence: it shares what was loaded (weights,
+        tables) but none of this one's per-sequence state. A kind that cannot say so refuses."""
+        from specdec.errors import DraftSpecError
+
+        raise DraftSpecError(f"the {self.name} draft cannot draft for several sequences at once "
+                                   "(it holds one sequence's state): choose lookup, a head or a draft model")
+
     def observe(self, features: torch.Tensor) -> None:
         """The target's features [m, (len(feature_layers) + 1) * D] (the outputs of feature_layers,
         then the input of its LM head) of the next m tokens of the text that became final, in

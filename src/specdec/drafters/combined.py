@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.base import Draft, Drafter, empty_draft, propose_all
 from specdec.drafters.head import HeadDrafter, load_head_drafter, read_head_card, target_identity
 from specdec.drafters.lookup import LookupDrafter
 from specdec.errors import DraftSpecError, ModelLoadError
@@ -48,13 +48,38 @@ class LookupThenHead(Drafter):
         self.lookup.commit(num_valid)
         self.head.commit(num_valid)
 
+    def fork(self) -> "LookupThenHead":
+        return LookupThenHead(self.lookup.fork(), self.head.fork(), self.name, self.min_match, self.head_max,
+                              self.sampled)
+
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
-        use_lookup, head_max = (True, self.head_max) if params.greedy else self.sampled
-        if use_lookup:
+        return self.propose_batch([self], [context], [k], [params], [generator])[0]
+
+    @classmethod
+    def propose_batch(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
+        """Lookup per sequence; the sequences it leaves to the head draft together (head_batch.py)."""
+        out: list[Draft | None] = []
+        for drafter, context, k, sp in zip(drafters, contexts, ks, params):
+            out.append(drafter._looked_up(context, k, sp))
+        left = [i for i, draft in enumerate(out) if draft is None]
+        heads = propose_all([drafters[i].head for i in left], [contexts[i] for i in left],
+                            [drafters[i]._head_k(ks[i], params[i]) for i in left],
+                            [params[i] for i in left], [generators[i] for i in left])
+        for i, draft in zip(left, heads):
+            out[i] = draft if draft is not None else empty_draft(drafters[i].lookup.device)
+        return out
+
+    def _looked_up(self, context: list[int], k: int, params: SamplingParams) -> Draft | None:
+        """Lookup's draft when it found a match of min_match tokens or more (and may draft), else None."""
+        if params.greedy or self.sampled[0]:
             matched, found = self.lookup.find(context, k)
             if matched >= self.min_match and found:
                 return self.lookup.draft_of(found)
-        return self.head.propose(context, min(k, head_max or k), params, generator)
+        return None
+
+    def _head_k(self, k: int, params: SamplingParams) -> int:
+        head_max = self.head_max if params.greedy else self.sampled[1]
+        return min(k, head_max or k)
 
 
 # --- the drafters that `head:PATH[:MIN_CONF]`, `lookup+head:PATH[:MIN_CONF]` and `auto` name (registry.py) ---

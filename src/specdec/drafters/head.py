@@ -18,6 +18,7 @@ spread over the full vocabulary, is the q handed to the rejection rule (rule 1 o
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,14 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec.transfers import pick, token_tensor
-from specdec.drafters.base import Draft, Drafter, empty_draft
+from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.head_policy import HeadCard, HeadPolicy, TargetIdentity, card_from_metadata, card_metadata
 from specdec.errors import InvalidRequestError, ModelLoadError
 from specdec.models.base import check_feature_layers
-from specdec.models.cpu_matrix import CpuLayout, CpuMatrix, can_pack, linear
+from specdec.models.cpu_matrix import CpuLayout, CpuMatrix, can_pack
 from specdec.models.llama_net import rms_norm, rotate
-from specdec.sampling import SamplingParams, sample, warp_logits
+from specdec.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -162,9 +162,17 @@ class HeadLayer(nn.Module):
     def finish(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                mask: torch.Tensor | None) -> torch.Tensor:
         """Attention of q over keys/values [B, Hkv, S, hd] (mask [T, S] bool, True = may attend), then the MLP."""
+        return self.after_attention(x, self.attend(q, keys, values, mask))
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of q [B, H, T, hd] over keys/values [B, Hkv, S, hd] -> [B, H, T, hd]."""
         groups = self.c.num_heads // self.c.num_kv_heads
         keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
-        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, T, hd]
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+    def after_attention(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        """The layer's output projection and MLP, for x [B, T, D] and its attention att [B, H, T, hd]."""
         x = x + self.o(att.transpose(1, 2).flatten(2))
         h = rms_norm(x, self.mlp_norm, self.c.norm_eps)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
@@ -320,64 +328,27 @@ class HeadDrafter(Drafter):
             self._feats, self._num_feats = [all_feats], num_valid
         self._true_pairs = min(self._true_pairs, self._num_feats)
 
-    @torch.inference_mode()
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
+    def fork(self) -> "HeadDrafter":
+        """Another sequence's drafter over the same head and target parts, with a cache of its own."""
+        clone = copy.copy(self)
+        clone._k, clone._v = torch.zeros_like(self._k), torch.zeros_like(self._v)
+        clone.begin([])
+        return clone
+
+    def ready_for(self, context: list[int], k: int) -> bool:
+        """Whether it can draft after context: it has the target's features of this very text."""
         n = self._num_feats
-        if k < 1 or n == 0 or n != len(context) - 1:  # no features yet, or not for this text
-            return empty_draft(self.device)
-        if self._true_pairs < n:  # run the true pairs not yet in the cache
-            self._feats = [torch.cat(self._feats)]
-            feats = self._feats[0][self._true_pairs:n]  # [m, D]
-            tokens = token_tensor(context[self._true_pairs + 1:n + 1], self.device)
-            self._last_true = self._step(feats, tokens, self._true_pairs)  # [D] predicted f_n
-            self._true_pairs = n
-        h = self._last_true
-        drafted, qs = [], []
-        reach = 1.0  # the head's estimate that all drafts so far are kept
-        for i in range(k):
-            token, q, confidence = self._choose(h, params, generator)
-            drafted.append(token)
-            if q is not None:
-                qs.append(q)
-            reach *= confidence
-            # Whether to draft the next position is decided before drawing it, from the tokens drawn
-            # so far: a rule that looked at the new token itself would skew sampled output.
-            if i + 1 == k or reach < self.min_confidence:
-                break
-            h = self._step(h[None], token.reshape(1), n + i)
-        return Draft(torch.stack(drafted), torch.stack(qs) if qs else None)
+        return k >= 1 and n > 0 and n == len(context) - 1
 
-    def _step(self, feats: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """Pairs (feats [m, D], tokens [m]) at positions start..start+m-1 -> the last predicted feature [D]."""
-        m = int(tokens.shape[0])
-        x = self.head.inputs(feats[None], self.parts.embed[tokens][None].float())  # [1, m, D]
-        cos, sin = rope_tables(torch.arange(start, start + m, device=self.device), self.c.head_dim, self.c.rope_theta)
-        q, k, v = self.head.layer.project(x, cos, sin)
-        end = start + m
-        if end > self._k.shape[2]:
-            raise InvalidRequestError(f"the draft head's cache holds {self._k.shape[2]} positions and the text "
-                                      "is longer: use a shorter prompt or max_new_tokens, or another draft")
-        self._k[:, :, start:end], self._v[:, :, start:end] = k, v
-        mask = None
-        if m > 1:  # causal among the new pairs; everything cached before them is visible
-            mask = torch.ones(m, end, dtype=torch.bool, device=self.device).tril(start)
-        out = self.head.layer.finish(x, q, self._k[:, :, :end], self._v[:, :, :end], mask)
-        return rms_norm(out[0, -1], self.parts.norm_weight.float(), self.parts.norm_eps)
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
+        return self.propose_batch([self], [context], [k], [params], [generator])[0]
 
-    def _choose(self, h: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-        """Draft one token from the predicted feature h [D]: (token, q [V] or None when greedy, the
-        head's probability of that token, computed only when min_confidence asks for it)."""
-        logits = linear(h[None], self.lm_sub)[0]  # [N]
-        if params.greedy:
-            best = logits.argmax()
-            confidence = float(torch.softmax(logits, -1)[best]) if self.min_confidence > 0.0 else 1.0
-            return pick(self.head.vocab_ids, best), None, confidence
-        # Warping the N sub-vocabulary logits equals warping all V with -inf outside them (cheaper).
-        q_sub = warp_logits(logits, params)  # [N]
-        q = q_sub.new_zeros(self.c.vocab_size).index_copy_(0, self.head.vocab_ids, q_sub)  # [V]: the q drawn from
-        index = sample(q_sub, generator)
-        confidence = float(q_sub[index]) if self.min_confidence > 0.0 else 1.0  # a host sync: only on request
-        return pick(self.head.vocab_ids, index), q, confidence
+    @classmethod
+    def propose_batch(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
+        """Every sequence's draft in one pass of the head a draft step (head_batch.py)."""
+        from specdec.drafters.head_batch import draft_heads
+
+        return draft_heads(drafters, contexts, ks, params, generators)
 
 
 def load_head_drafter(path: str, target_model, name: str | None = None,

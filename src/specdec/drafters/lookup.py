@@ -69,5 +69,8 @@ class LookupDrafter(Drafter):
     def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
         return self.draft_of(self.find(context, k)[1])
 
+    def fork(self) -> "LookupDrafter":
+        return LookupDrafter(self.device, self.max_ngram, self.adaptive)  # it keeps no per-sequence state
+
     def draft_of(self, tokens: list[int]) -> Draft:
         return Draft(token_tensor(tokens, self.device))

@@ -1,12 +1,21 @@
-"""A smaller model of the same tokenizer drafts K tokens, one forward step each."""
+"""A smaller model of the same tokenizer drafts K tokens, one forward step each.
+
+ModelDrafter runs a CausalLM of its own (one sequence). For many sequences, SlotDrafter runs on a
+slot model of the draft (DraftSlots, e.g. a NativeSlots): each sequence leases a slot, rolls it
+back on its own, and a draft step of every sequence of the batch is one forward_ragged call.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from typing import Callable, Sequence
+
 from specdec.transfers import token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
+from specdec.errors import DraftSpecError, InvalidRequestError
 from specdec.models.base import CausalLM
+from specdec.models.slots import SlotModel
 from specdec.sampling import SamplingParams, sample, warp_logits
 
 
@@ -52,12 +61,151 @@ class ModelDrafter(Drafter):
         if self.model.cache_len > num_valid:
             self.model.rollback(num_valid)
 
+    def fork(self) -> "ModelDrafter":
+        """The same weights with a cache of its own (a model that can give one: HFCausalLM)."""
+        if not hasattr(self.model, "with_own_cache"):
+            raise DraftSpecError(f"the draft {self.name} holds one sequence's cache: for several sequences "
+                                 "build it over a slot model (SlotDrafter)")
+        return ModelDrafter(self.model.with_own_cache(), self.vocab_size, self.name)
+
+    def for_batch(self, max_slots: int) -> "SlotDrafter":
+        """The same drafts over a slot model of its weights, each sequence in a slot of its own."""
+        from specdec.models.slots import slot_model_for
+
+        return SlotDrafter(DraftSlots(slot_model_for(self.model, max_slots)), self.vocab_size, self.name)
+
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
-        """Pad or cut the draft's logits [V_draft] to the target's width."""
-        extra = self.vocab_size - logits.shape[-1]
-        if extra > 0:
-            return torch.cat([logits, logits.new_full((extra,), float("-inf"))])
-        return logits[: self.vocab_size]
+        return fit_logits(logits, self.vocab_size)
 
     def _tensor(self, ids: list[int]) -> torch.Tensor:
         return token_tensor(ids, self.model.device)
+
+
+def fit_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Pad or cut a draft's logits [V_draft] to the target's width vocab_size."""
+    extra = vocab_size - logits.shape[-1]
+    if extra > 0:
+        return torch.cat([logits, logits.new_full((extra,), float("-inf"))])
+    return logits[:vocab_size]
+
+
+class DraftSlots:
+    """A draft's slot model shared by the drafters of a batch: each sequence leases a slot of it."""
+
+    def __init__(self, model: SlotModel):
+        self.model = model
+        self._free = list(range(model.max_slots - 1, -1, -1))  # popped from the end: slot 0 first
+
+    def lease(self) -> int:
+        if not self._free:
+            raise InvalidRequestError(f"the draft {self.model.name} holds {self.model.max_slots} sequences and "
+                                      "all are drafting: give it as many slots as the engine runs sequences")
+        return self._free.pop()
+
+    def give_back(self, slot: int) -> None:
+        self.model.release(slot)
+        self._free.append(slot)
+
+
+class DraftLease:
+    """One sequence's slot in DraftSlots: leased at its first begin(), kept across begin()s, given
+    back at end(). Its cache holds the text minus what was never fed (as ModelDrafter's)."""
+
+    def __init__(self, pool: DraftSlots):
+        self.pool = pool
+        self.slot: int | None = None
+
+    def begin(self, prompt: list[int]) -> None:
+        if self.slot is None:
+            self.slot = self.pool.lease()
+        self.pool.model.rollback(self.slot, 0)
+        if len(prompt) > 1:
+            self.pool.model.forward_ragged([self.slot], [self.unseen(prompt[:-1])], logits=[False])
+
+    def unseen(self, context: list[int]) -> torch.Tensor:
+        """The tokens of context its cache has not seen yet [n]."""
+        return token_tensor(context[self.pool.model.cache_len(self.slot):], self.pool.model.device)
+
+    def commit(self, num_valid: int) -> None:
+        if self.slot is not None and self.pool.model.cache_len(self.slot) > num_valid:
+            self.pool.model.rollback(self.slot, num_valid)
+
+    def end(self) -> None:
+        if self.slot is not None:
+            self.pool.give_back(self.slot)
+            self.slot = None
+
+
+# choose(i, step, logits [V_draft]) -> sequence i's token [0-d] at this draft step
+Choose = Callable[[int, int, torch.Tensor], torch.Tensor]
+
+
+def step_together(leases: Sequence[DraftLease], contexts: Sequence[list[int]], ks: Sequence[int],
+                  choose: Choose) -> None:
+    """ks[i] draft steps for sequence i, as ModelDrafter runs them alone (its unseen text first, then
+    each chosen token but the last), one forward_ragged a step over the sequences still drafting
+    (all leases of one DraftSlots)."""
+    model = leases[0].pool.model
+    fresh = [lease.unseen(context) for lease, context in zip(leases, contexts)]
+    for step in range(max(ks, default=0)):
+        active = [i for i, k in enumerate(ks) if step < k]
+        out = model.forward_ragged([leases[i].slot for i in active], [fresh[i] for i in active])
+        for j, i in enumerate(active):
+            fresh[i] = choose(i, step, out.logits[out.offsets[j + 1] - 1]).reshape(1)
+
+
+def by_pool(leases: Sequence[DraftLease]) -> list[list[int]]:
+    """Indices of the leases grouped by the DraftSlots they lease from (one forward_ragged each)."""
+    groups: dict[int, list[int]] = {}
+    for i, lease in enumerate(leases):
+        groups.setdefault(id(lease.pool), []).append(i)
+    return list(groups.values())
+
+
+class SlotDrafter(Drafter):
+    """ModelDrafter's drafts over a slot of a shared draft slot model: a batch of sequences drafts
+    with one forward_ragged a draft step. fork() gives another sequence a drafter on the same pool."""
+
+    def __init__(self, pool: DraftSlots, vocab_size: int, name: str | None = None):
+        self.pool, self.vocab_size = pool, vocab_size
+        self.name = name or pool.model.name
+        self.lease = DraftLease(pool)
+        self.device = pool.model.device
+
+    def fork(self) -> "SlotDrafter":
+        return SlotDrafter(self.pool, self.vocab_size, self.name)
+
+    def begin(self, prompt: list[int]) -> None:
+        self.lease.begin(prompt)
+
+    def commit(self, num_valid: int) -> None:
+        self.lease.commit(num_valid)
+
+    def end(self) -> None:
+        self.lease.end()
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
+        return self.propose_batch([self], [context], [k], [params], [generator])[0]
+
+    @classmethod
+    @torch.inference_mode()
+    def propose_batch(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
+        tokens: list[list[torch.Tensor]] = [[] for _ in drafters]
+        qs: list[list[torch.Tensor]] = [[] for _ in drafters]
+
+        def choose(i: int, step: int, logits: torch.Tensor) -> torch.Tensor:
+            logits = fit_logits(logits, drafters[i].vocab_size)
+            if params[i].greedy:
+                token = logits.argmax(-1)
+            else:
+                q = warp_logits(logits, params[i])
+                token = sample(q, generators[i])
+                qs[i].append(q)
+            tokens[i].append(token)
+            return token
+
+        for group in by_pool([d.lease for d in drafters]):
+            step_together([drafters[i].lease for i in group], [contexts[i] for i in group],
+                          [ks[i] for i in group], lambda j, step, logits, g=group: choose(g[j], step, logits))
+        return [Draft(torch.stack(t), torch.stack(q) if q else None) if t else empty_draft(d.device)
+                for d, t, q in zip(drafters, tokens, qs)]

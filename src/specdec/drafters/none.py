@@ -15,5 +15,8 @@ class NoDrafter(Drafter):
     def __init__(self, device: torch.device):
         self.device = device
 
+    def fork(self) -> "NoDrafter":
+        return NoDrafter(self.device)
+
     def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
         return empty_draft(self.device)

@@ -20,6 +20,7 @@ import torch
 
 from specdec.transfers import token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
+from specdec.drafters.model import DraftLease, DraftSlots, by_pool, step_together
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingParams
 
@@ -41,7 +42,9 @@ class OracleDrafter(Drafter):
     """Proposes a corrupted copy of the recorded continuation; see the module docstring."""
 
     def __init__(self, target: CausalLM, alpha: float, draft_model: CausalLM | None = None,
-                 horizon: int = 256, seed: int = 0):
+                 horizon: int = 256, seed: int = 0, draft_slots: DraftSlots | None = None):
+        """draft_model: the model whose steps it pays for, alone; draft_slots: the same, as a slot of a
+        shared draft slot model (a batch pays every sequence's step in one forward_ragged)."""
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"oracle alpha must be in [0, 1], got {alpha}")
         self.target = target
@@ -51,7 +54,10 @@ class OracleDrafter(Drafter):
         self.device = target.device
         self.vocab_size = target.vocab_size
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.name = f"oracle(alpha={alpha:g}" + (f", cost of {draft_model.name})" if draft_model else ")")
+        self.seed = seed
+        cost = draft_model.name if draft_model else draft_slots.model.name if draft_slots else None
+        self.name = f"oracle(alpha={alpha:g}" + (f", cost of {cost})" if cost else ")")
+        self.lease = DraftLease(draft_slots) if draft_slots is not None else None
         self._recorded: dict[tuple[int, ...], torch.Tensor] = {}
         self._truth_all = torch.empty(0, dtype=torch.long, device=self.device)  # recorded, then random
         self._proposals = self._truth_all  # one per position of the generation, drawn in begin()
@@ -78,8 +84,49 @@ class OracleDrafter(Drafter):
             self.draft_model.reset()
             if len(prompt) > 1:
                 self.draft_model.forward(self._tensor(prompt[:-1]))
+        if self.lease is not None:
+            self.lease.begin(prompt)
+
+    def fork(self) -> "OracleDrafter":
+        """Another sequence's oracle: the same target, alpha, seed, draft cost and recordings."""
+        if self.draft_model is not None:
+            return super().fork()  # its draft model holds one sequence's cache
+        twin = OracleDrafter(self.target, self.alpha, None, self.horizon, self.seed,
+                             self.lease.pool if self.lease else None)
+        twin._recorded = self._recorded  # the target's continuations are no one sequence's state
+        return twin
+
+    def for_batch(self, max_slots: int) -> "OracleDrafter":
+        """The same oracle paying its draft model's steps in a slot model of its weights."""
+        if self.draft_model is None:
+            return self
+        from specdec.models.slots import slot_model_for
+
+        pool = DraftSlots(slot_model_for(self.draft_model, max_slots))
+        return OracleDrafter(self.target, self.alpha, None, self.horizon, self.seed, pool)
+
+    def end(self) -> None:
+        if self.lease is not None:
+            self.lease.end()
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
+        return self.propose_batch([self], [context], [k], [params], [generator])[0]
+
+    @classmethod
+    def propose_batch(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
+        """Each sequence's slice of its proposals; the draft cost of all leased ones in one
+        forward_ragged a step."""
+        drafts = [d._draft(c, k, p) for d, c, k, p in zip(drafters, contexts, ks, params)]
+        leased = [i for i, d in enumerate(drafters) if d.lease is not None and ks[i] > 0]
+        for group in by_pool([drafters[i].lease for i in leased]):
+            members = [leased[j] for j in group]
+            step_together([drafters[i].lease for i in members], [contexts[i] for i in members],
+                          [len(drafts[i]) for i in members],
+                          lambda j, step, logits, m=members: drafts[m[j]].tokens[step])
+        return drafts
+
+    def _draft(self, context: list[int], k: int, params: SamplingParams) -> Draft:
+        """Its proposals for the next k positions (paying a lone draft model's steps, if it has one)."""
         if k < 1:
             return empty_draft(self.device)
         offset = len(context) - self._prompt_len
@@ -104,6 +151,8 @@ class OracleDrafter(Drafter):
     def commit(self, num_valid: int) -> None:
         if self.draft_model is not None and self.draft_model.cache_len > num_valid:
             self.draft_model.rollback(num_valid)
+        if self.lease is not None:
+            self.lease.commit(num_valid)
 
     def _pay_draft_cost(self, context: list[int], tokens: torch.Tensor) -> None:
         """k draft steps, as ModelDrafter runs them: the unseen context first, then each proposal but the last."""

@@ -93,10 +93,36 @@ def find_kind(spec: str) -> tuple[DraftKind, str]:
     return DRAFT_KINDS[-1], spec
 
 
-def make_drafter(spec: str, target, dtype: str | None = None) -> Drafter:
-    """Build the drafter that `spec` names for this target (a LoadedModel)."""
+def make_drafter(spec: str, target, dtype: str | None = None, max_slots: int | None = None) -> Drafter:
+    """Build the drafter that `spec` names for this target (a LoadedModel). max_slots: as the
+    prototype of a batch of up to that many sequences (Drafter.for_batch; fork() one for each)."""
     kind, arg = find_kind(spec)
-    return kind.build(target, arg, dtype=dtype)
+    drafter = kind.build(target, arg, dtype=dtype)
+    return drafter if max_slots is None else drafter.for_batch(max_slots)
+
+
+class DraftMenu:
+    """Fresh drafters by name for the sequences of one batched engine, so that sequences of one
+    batch can draft with different kinds: each kind is built once (its weights loaded once, as a
+    prototype for up to max_slots sequences) and every sequence gets a fork of it, sharing those
+    weights but no per-sequence state."""
+
+    def __init__(self, target, max_slots: int, dtype: str | None = None):
+        self.target, self.max_slots, self.dtype = target, max_slots, dtype
+        self._prototypes: dict[str, Drafter] = {}
+
+    def fresh(self, spec: str) -> Drafter:
+        """A new drafter of kind `spec` for one sequence (DraftSpecError for a kind that cannot fork)."""
+        if spec not in self._prototypes:
+            prototype = make_drafter(spec, self.target, self.dtype, self.max_slots)
+            prototype.fork()  # a kind that cannot draft for several sequences says so now
+            self._prototypes[spec] = prototype
+        return self._prototypes[spec].fork()
+
+    def factory(self, spec: str) -> Callable[[], Drafter]:
+        """() -> a fresh drafter of kind `spec` (BatchedEngine's drafter_factory); built and checked now."""
+        self.fresh(spec)
+        return lambda: self.fresh(spec)
 
 
 def draft_help() -> str:

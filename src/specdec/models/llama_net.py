@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -72,11 +72,14 @@ def layer_step(
     wo: torch.Tensor, bo: torch.Tensor | None, ffn_norm: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     seqs: Sequence[SeqSpan], n_heads: int, n_kv_heads: int, eps: float,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One decoder layer on x [T, D], the rows of one or more sequences; writes their k, v into the
     cache at `pos` [T] (cache slots). cos, sin: [T, hd], the RoPE tables at each token's position
     inside its own sequence. seqs: which rows attend over which slots, one SeqSpan a sequence in
-    row order; every matrix runs once over all T rows, attention once per sequence."""
+    row order; every matrix runs once over all T rows, attention once per sequence. reduce: under
+    tensor parallelism (parallel/shard.py) the sum over ranks of a row-split matrix's partial
+    output [T, D], applied after wo and w2; None on one device."""
     t = x.shape[0]
     hd = k_cache.shape[-1]
     qkv = linear(rms_norm(x, attn_norm, eps), wqkv, bqkv)  # [T, (H + 2 Hkv) hd]
@@ -87,9 +90,10 @@ def layer_step(
     v_cache[:, pos] = v.view(t, n_kv_heads, hd).transpose(0, 1)
     outs = [attend(q[s.row:s.row + s.n], k_cache, v_cache, s) for s in seqs]
     out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [T, H hd]
-    h = x + linear(out, wo, bo)
+    reduce = reduce or (lambda partial: partial)
+    h = x + reduce(linear(out, wo, bo))
     gate, up = linear(rms_norm(h, ffn_norm, eps), w13).chunk(2, dim=-1)  # [T, I] each
-    return h + linear(F.silu(gate) * up, w2)
+    return h + reduce(linear(F.silu(gate) * up, w2))
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: SeqSpan) -> torch.Tensor:
@@ -154,6 +158,9 @@ class LlamaNet(nn.Module):
         # True when every matrix gives a row the same bits at any row count (bf16 prepacked on a
         # CPU): eager attention then keeps that too (forward_eager). Set by pack_for_cpu.
         self.row_count_invariant = False
+        # Tensor parallelism only (parallel/shard.py, set once when the shard is built): sums the
+        # partial outputs of the row-split matrices over ranks. None: the whole model is here.
+        self.reduce_partial: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @torch.no_grad()
     def reset_buffers(self) -> None:
@@ -219,7 +226,7 @@ class LlamaNet(nn.Module):
         captured = []
         for i, layer in enumerate(self.layers):
             x = layer_step(x, *layer.weights(), layer.k_cache, layer.v_cache, pos, cos, sin, seqs,
-                           a.n_heads, a.n_kv_heads, a.norm_eps)
+                           a.n_heads, a.n_kv_heads, a.norm_eps, self.reduce_partial)
             if i in capture:
                 captured.append(x)
         hidden = rms_norm(x, self.norm, a.norm_eps)  # [T, D]

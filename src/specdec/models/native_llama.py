@@ -151,7 +151,7 @@ class NativeLlama(CausalLM):
         it. On a GPU it can be dropped (no second copy there).
         """
         max_length = min(max_length or 4096, arch_from_hf(hf_model.config).max_position)
-        net = net_from_hf(hf_model, _slots(max_length, options))
+        net = net_from_hf(hf_model, cache_slots(max_length, options))
         model = cls(net, name, max_length, **options)
         model.model = adopt_on_cpu(net, hf_model, pack is not False and not model.options.fused)
         return model
@@ -162,7 +162,7 @@ class NativeLlama(CausalLM):
         """Random weights at a named real size (`llama-3.1-8b`, `llama-3.2-1b`, ...), for timing.
         arch_overrides changes fields of that shape (e.g. n_layers=2 for a quick smoke run)."""
         arch = named_arch(size, **(arch_overrides or {}))
-        net = build_net(arch, _slots(max_length, options), torch.device(device), dtype)
+        net = build_net(arch, cache_slots(max_length, options), torch.device(device), dtype)
         init_random(net, seed)
         return cls(net, f"random {size}", max_length, **options)
 
@@ -268,10 +268,13 @@ def adopt_on_cpu(net: LlamaNet, hf_model, pack: bool):
     return hf_model
 
 
-def _slots(max_length: int, choices: dict) -> int:
+def cache_slots(max_length: int, choices: dict) -> int:
     """Cache slots: max_length plus room for the graphs' warm-up rows, rounded up to 64 (aligned attention masks)."""
     rows = choices["options"].max_graph_rows if choices.get("options") else choices.get("max_graph_rows", 17)
     return -(-(max_length + rows) // 64) * 64
+
+
+_slots = cache_slots  # the old private name, which native_slots.py imports
 
 
 __all__ = ["LlamaArch", "NativeLlama", "NativeOptions"]

@@ -1,10 +1,12 @@
 """The FastAPI app: OpenAI-compatible endpoints, /health, /metrics, and the web view at `/`.
 
 Request handling, in order: the body's size and read time (`limits.BodyLimit`: 413, 408), API key,
-validation (pydantic, strict, mapped to OpenAI's 400 shape), model and drafter lookup, a prompt
-length bound by characters, tokenization (on a thread, so the event loop and /health never wait on
-it) and the context check, then admission to the engine's queue (503 when full or shutting down).
-Only after all of that can a stream start, so every client error gets a proper status code.
+validation (pydantic, strict, mapped to OpenAI's 400 shape), fields that would change sampling
+(400), model and drafter lookup, a prompt length bound by characters, tokenization (on a thread, so
+the event loop and /health never wait on it) and the context check, then admission to the engine's
+queue (503 when full or shutting down). Only after all of that can a stream start, so every client
+error gets a proper status code. The engine is a BatchedEngine over a slot model of the target
+(worker.EngineWorker steps it on a thread of its own).
 """
 
 from __future__ import annotations
@@ -23,15 +25,19 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from specdec.batching import BatchConfig, BatchedEngine
+from specdec.drafters import make_drafter
+from specdec.drafters.pool import DrafterPool
 from specdec.engine import GenerationConfig, SpecStats
 from specdec.errors import SpecdecError
-from specdec.runtime import Runtime
+from specdec.runtime import Runtime, eos_ids, slot_target
 from specdec.sampling import SamplingParams
 from specdec.server import protocol as P
 from specdec.server.connection import BodyLimit
 from specdec.server.limits import Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.worker import DoneEvent, EngineWorker, ErrorEvent, Job, TokenEvent
+from specdec.speculation import SpeculationPolicy
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context
@@ -43,19 +49,38 @@ class ServerConfig:
     default_draft: str
     k: int
     api_key: str | None = None
-    max_queue: int = 16
+    max_queue: int = 16  # sequences that may wait for a slot; more get 503
     limits: Limits = Limits()
+    max_num_seqs: int = 8  # sequences decoding together: the slot model's slots
+    max_model_len: int | None = None  # a slot's positions (None: the target's own context, at most 4096)
+    prefill_chunk: int = BatchConfig.prefill_chunk
+    speculation: SpeculationPolicy = SpeculationPolicy()  # K per sequence per step (default: each request's k)
 
 
 class ServerState:
-    """What the endpoints share: one runtime per drafter (all on the same target), one engine worker."""
+    """What the endpoints share: one runtime per drafter (all on the same target, for their names,
+    tokenizer and a first drafter), the target as a slot model in a BatchedEngine, a pool of
+    drafters per kind, and the worker that steps the engine."""
 
     def __init__(self, config: ServerConfig, runtimes: dict[str, Runtime]):
         self.config = config
         self.runtimes = runtimes
         self.metrics = ServerMetrics(config.model_name)
-        self.worker = EngineWorker(config.max_queue, self.metrics)
-        self.longest_token_chars = _longest_token_chars(self.default_runtime.tokenizer)
+        runtime = self.default_runtime
+        self.slots = slot_target(runtime.target.model, config.max_num_seqs, config.max_model_len)
+        pools = {name: self._pool(name) for name in runtimes}  # every sequence is given its drafter
+        self.engine = BatchedEngine(self.slots, pools[config.default_draft].take, eos_ids(runtime.target),
+                                    runtime.decode, BatchConfig(config.prefill_chunk, config.speculation))
+        self.kv_cache_bytes = int(getattr(self.slots, "kv_cache_bytes", 0))
+        self.metrics.set_capacity(self.slots.max_slots, self.kv_cache_bytes)
+        self.worker = EngineWorker(self.engine, pools, config.max_queue, self.metrics)
+        self.longest_token_chars = _longest_token_chars(runtime.tokenizer)
+        tokenizer = runtime.tokenizer
+        self.token_text = lambda token_id: tokenizer.decode([token_id])  # logprobs name tokens with specials
+
+    def _pool(self, name: str) -> DrafterPool:
+        runtime = self.runtimes[name]
+        return DrafterPool(lambda: make_drafter(name, runtime.target), first=runtime.drafter)
 
     @property
     def default_runtime(self) -> Runtime:
@@ -63,7 +88,7 @@ class ServerState:
 
     @property
     def max_model_len(self) -> int:
-        return int(self.default_runtime.engine.target.max_length)
+        return int(self.slots.max_length)
 
     @property
     def max_prompt_chars(self) -> int | None:
@@ -175,8 +200,10 @@ def _model_card(state: ServerState) -> dict:
     c = state.config
     return {"id": c.model_name, "object": "model", "created": P.now(), "owned_by": "specdec",
             "max_model_len": state.max_model_len,
-            "specdec": {"drafters": list(state.runtimes), "draft": c.default_draft, "k": c.k,
-                        "max_k": P.MAX_K}}
+            "specdec": {"drafters": list(state.runtimes), "draft": c.default_draft, "k": _server_k(c),
+                        "speculation": c.speculation.mode,
+                        "max_k": P.MAX_K, "max_num_seqs": state.slots.max_slots, "max_queue": c.max_queue,
+                        "kv_cache_bytes": state.kv_cache_bytes}}
 
 
 async def _completion_prompt(state: ServerState, request: P.CompletionRequest) -> list[int]:
@@ -233,31 +260,72 @@ def _check_model(state: ServerState, request: P.SamplingFields) -> None:
 
 def _make_job(state: ServerState, request: P.SamplingFields, prompt_ids: list[int], chat: bool) -> Job:
     c = state.config
-    if request.n != 1:
-        raise P.APIError(400, f"n: only n=1 is served, got {request.n}", "n", "invalid_value")
+    _check_fields(state, request)
     draft = request.draft or c.default_draft
     if draft not in state.runtimes:
         raise P.APIError(400, f"draft: {draft!r} is not loaded; choose one of {list(state.runtimes)}",
                          "draft", "invalid_value")
+    max_tokens, param = _token_budget(state, request, len(prompt_ids), chat)
+    try:
+        configs = tuple(GenerationConfig(max_new_tokens=max_tokens, k=_request_k(state, request),
+                                         sampling=_sampling(request, i), stop=request.stop_strings(),
+                                         ignore_eos=request.ignore_eos, logprobs=request.top_logprobs_count)
+                        for i in range(request.n))
+    except ValueError as exc:
+        raise P.APIError(400, str(exc), None, "invalid_value") from None
+    return Job(draft, prompt_ids, configs, state.default_runtime.decode)
+
+
+def _check_fields(state: ServerState, request: P.SamplingFields) -> None:
+    """400 for a field this server does not honour, and for n beyond what the queue can ever hold."""
+    refused = request.refused_field()
+    if refused:
+        name, neutral = refused
+        keep = "leave it out" + ("" if neutral is None else f" or send {neutral!r}")
+        raise P.APIError(400, f"{name}: not supported here (it changes the distribution sampled from, and "
+                              f"speculation here is exact for the model's own); {keep}", name, "unsupported_parameter")
+    if isinstance(request, P.ChatCompletionRequest) and request.top_logprobs is not None and not request.logprobs:
+        raise P.APIError(400, "top_logprobs: needs logprobs set to true", "top_logprobs", "invalid_value")
+    capacity = state.slots.max_slots + state.config.max_queue
+    if request.n > capacity:
+        raise P.APIError(400, f"n: {request.n} choices cannot fit this server's {capacity} sequences "
+                              "(--max-num-seqs + --max-queue)", "n", "invalid_value")
+
+
+def _request_k(state: ServerState, request: P.SamplingFields) -> int:
+    """K for the request's sequences: its own `k`, else the server's; under --speculation auto|K the
+    server's policy decides (its K, auto's most), and a request's `k` is not used."""
+    own = request.k if state.config.speculation.mode == "request" else None
+    return own or _server_k(state.config)
+
+
+def _server_k(config: ServerConfig) -> int:
+    """The server's K: -k, or under --speculation its K (auto: the most it drafts)."""
+    return config.k if config.speculation.mode == "request" else config.speculation.k
+
+
+def _sampling(request: P.SamplingFields, index: int) -> SamplingParams:
+    """Choice `index` samples with seed + index (mod 2**64, as torch reads a negative seed): n choices
+    of a seeded request are n reproducible, different sequences."""
+    seed = None if request.seed is None else (request.seed + index) % 2**64
+    return SamplingParams(temperature=request.temperature, top_k=max(0, request.top_k), top_p=request.top_p,
+                          min_p=request.min_p, seed=seed)
+
+
+def _token_budget(state: ServerState, request: P.SamplingFields, prompt_len: int, chat: bool) -> tuple[int, str]:
+    """(max new tokens, the field that set it), or a 400 when the prompt and it cannot fit the context."""
     limit = state.max_model_len
     prompt_param = "messages" if chat else "prompt"
-    if len(prompt_ids) >= limit:
-        raise P.APIError(400, f"{prompt_param}: the prompt has {len(prompt_ids)} tokens; the context is {limit}",
+    if prompt_len >= limit:
+        raise P.APIError(400, f"{prompt_param}: the prompt has {prompt_len} tokens; the context is {limit}",
                          prompt_param, "context_length_exceeded")
     max_tokens, param = _max_tokens(request, chat)
     if max_tokens is None:
-        max_tokens = limit - len(prompt_ids) if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, limit - len(prompt_ids))
-    if len(prompt_ids) + max_tokens > limit:
-        raise P.APIError(400, f"{param}: prompt ({len(prompt_ids)} tokens) + {param} ({max_tokens}) exceeds "
+        max_tokens = limit - prompt_len if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, limit - prompt_len)
+    if prompt_len + max_tokens > limit:
+        raise P.APIError(400, f"{param}: prompt ({prompt_len} tokens) + {param} ({max_tokens}) exceeds "
                               f"the context of {limit} tokens", param, "context_length_exceeded")
-    try:
-        sampling = SamplingParams(temperature=request.temperature, top_k=max(0, request.top_k),
-                                  top_p=request.top_p, min_p=request.min_p, seed=request.seed)
-        config = GenerationConfig(max_new_tokens=max_tokens, k=request.k or c.k, sampling=sampling,
-                                  stop=request.stop_strings(), ignore_eos=request.ignore_eos)
-    except ValueError as exc:
-        raise P.APIError(400, str(exc), None, "invalid_value") from None
-    return Job(state.runtimes[draft], prompt_ids, config)
+    return max_tokens, param
 
 
 def _max_tokens(request: P.SamplingFields, chat: bool) -> tuple[int | None, str]:
@@ -269,42 +337,62 @@ def _max_tokens(request: P.SamplingFields, chat: bool) -> tuple[int | None, str]
 # ---- responses -----------------------------------------------------------------------------------
 
 
-def _speculative(job: Job, stats: SpecStats) -> dict:
-    return {"draft": job.runtime.drafter.name, "k": job.config.k, "rounds": stats.rounds,
-            "drafted": stats.drafted, "accepted": stats.accepted, "acceptance_rate": stats.acceptance_rate,
-            "tokens_per_round": stats.tokens_per_round, "tokens_per_second": stats.tokens_per_second}
+def _speculative(state: ServerState, job: Job, stats: list[SpecStats]) -> dict:
+    """The request's speculation counts, summed over its choices."""
+    total = SpecStats()
+    for one in stats:
+        for name in ("rounds", "drafted", "accepted", "generated", "draft_time", "verify_time", "other_time"):
+            setattr(total, name, getattr(total, name) + getattr(one, name))
+    decode = max((one.decode_time for one in stats), default=0.0)  # the choices ran side by side
+    return {"draft": state.runtimes[job.draft].drafter.name, "k": job.configs[0].k, "rounds": total.rounds,
+            "drafted": total.drafted, "accepted": total.accepted, "acceptance_rate": total.acceptance_rate,
+            "tokens_per_round": total.tokens_per_round,
+            "tokens_per_second": total.generated / decode if decode > 0 else 0.0}
 
 
-def _usage(job: Job, stats: SpecStats) -> dict:
-    return P.usage(len(job.prompt_ids), stats.generated, _speculative(job, stats))
+def _usage(state: ServerState, job: Job, stats: list[SpecStats]) -> dict:
+    return P.usage(len(job.prompt_ids), sum(s.generated for s in stats), _speculative(state, job, stats))
+
+
+def _logprobs(state: ServerState, job: Job, tokens, chat: bool, offset: int = 0) -> dict | None:
+    if job.configs[0].logprobs is None:
+        return None
+    if chat:
+        return P.chat_logprobs(list(tokens), state.token_text)
+    return P.completion_logprobs(list(tokens), state.token_text, offset)
 
 
 async def _serve(state: ServerState, request: P.SamplingFields, prompt_ids: list[int], chat: bool, raw: Request):
     job = _make_job(state, request, prompt_ids, chat)
     events = state.worker.submit(job)  # 503 here, before any byte is sent
     rid = P.new_id("chatcmpl" if chat else "cmpl")
-    model = state.config.model_name
     if request.stream:
-        return StreamingResponse(_sse(job, events, rid, model, chat, request.include_usage, state.worker.leave),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        stream = _sse(state, job, events, rid, chat, request.include_usage)
+        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     watcher = asyncio.create_task(_cancel_on_disconnect(state, raw, job))
+    done: dict[int, DoneEvent] = {}
     try:
         async for event in events:
             if isinstance(event, ErrorEvent):
                 raise event.error
             if isinstance(event, DoneEvent):
-                build = P.chat_response if chat else P.completion_response
-                return build(rid, model, event.text, event.finish_reason, _usage(job, event.stats))
+                done[event.index] = event
     finally:
         watcher.cancel()
-    raise P.APIError(503, "the request was dropped before it finished", None, "aborted")
+    if len(done) < job.n:
+        raise P.APIError(503, "the request was dropped before it finished", None, "aborted")
+    choice = P.chat_choice if chat else P.completion_choice
+    choices = [choice(i, d.text, d.finish_reason, _logprobs(state, job, d.all_tokens, chat))
+               for i, d in sorted(done.items())]
+    build = P.chat_response if chat else P.completion_response
+    return build(rid, state.config.model_name, choices, _usage(state, job, [d.stats for d in done.values()]))
 
 
 async def _cancel_on_disconnect(state: ServerState, raw: Request, job: Job, every: float = 0.25) -> None:
     """A non-streamed request has no writes to fail on: poll for the client leaving."""
     while not job.cancelled.is_set():
         if await raw.is_disconnected():
-            state.worker.leave(job)  # the engine thread stops after this round (or never starts it)
+            state.worker.leave(job)  # its sequences leave the batch at the next step (or never join it)
             return
         await asyncio.sleep(every)
 
@@ -313,30 +401,40 @@ def _sse_data(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-async def _sse(job: Job, events: AsyncIterator[object], rid: str, model: str, chat: bool,
-               include_usage: bool, leave: Callable[[Job], None]) -> AsyncIterator[str]:
-    def chunk(text: str | None, finish: str | None, extra: dict | None) -> str:
+async def _sse(state: ServerState, job: Job, events: AsyncIterator[object], rid: str, chat: bool,
+               include_usage: bool) -> AsyncIterator[str]:
+    model = state.config.model_name
+    offsets = [0] * job.n  # characters of each choice's text so far (completions' text_offset)
+
+    def chunk(index: int, text: str | None, finish: str | None, extra: dict | None, tokens) -> str:
+        logprobs = _logprobs(state, job, tokens, chat, offsets[index]) if tokens else None
+        offsets[index] += len(text or "")
         if chat:
             delta = {} if text is None else {"content": text}
-            return _sse_data(P.chat_chunk(rid, model, delta, finish, extra))
-        return _sse_data(P.completion_chunk(rid, model, text or "", finish, extra))
+            return _sse_data(P.chat_chunk(rid, model, index, delta, finish, extra, logprobs))
+        return _sse_data(P.completion_chunk(rid, model, index, text or "", finish, extra, logprobs))
 
+    stats: list[SpecStats] = []
     try:
         if chat:
-            yield _sse_data(P.chat_chunk(rid, model, {"role": "assistant", "content": ""}, None, None))
+            for i in range(job.n):
+                yield _sse_data(P.chat_chunk(rid, model, i, {"role": "assistant", "content": ""}, None, None))
         async for event in events:
             if isinstance(event, TokenEvent):
                 first = event.tokens[0] if event.tokens else {}
-                yield chunk(event.text, None, {"origin": first.get("origin"), "round": first.get("round"),
-                                               "tokens": event.tokens, "stats": event.stats})
+                yield chunk(event.index, event.text, None, {"origin": first.get("origin"), "round": first.get("round"),
+                                                            "tokens": event.tokens, "stats": event.stats}, event.tokens)
             elif isinstance(event, ErrorEvent):
                 yield _sse_data(event.error.body())
                 break
             elif isinstance(event, DoneEvent):
-                yield chunk(None, event.finish_reason, {"tokens": event.tokens} if event.tokens else None)
-                if include_usage:
-                    obj = "chat.completion.chunk" if chat else "text_completion"
-                    yield _sse_data(P.usage_chunk(rid, model, obj, _usage(job, event.stats)))
+                stats.append(event.stats)
+                yield chunk(event.index, None, event.finish_reason, {"tokens": event.tokens} if event.tokens else None,
+                            event.tokens)
+        else:
+            if include_usage:
+                obj = "chat.completion.chunk" if chat else "text_completion"
+                yield _sse_data(P.usage_chunk(rid, model, obj, _usage(state, job, stats)))
         yield "data: [DONE]\n\n"
     finally:
-        leave(job)  # the client went away (or we are done): stop after this round
+        state.worker.leave(job)  # the client went away (or we are done): its sequences stop

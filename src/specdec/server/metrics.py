@@ -22,6 +22,21 @@ class ServerMetrics:
         labels = ["model_name"]
         self.running = Gauge(m + "num_requests_running", "Requests generating now.", labels, registry=r)
         self.waiting = Gauge(m + "num_requests_waiting", "Requests waiting for the engine.", labels, registry=r)
+        self.seq_running = Gauge(m + "num_sequences_running", "Sequences in the engine's batch (a request "
+                                 "with n > 1 brings n).", labels, registry=r)
+        self.seq_waiting = Gauge(m + "num_sequences_waiting", "Sequences waiting for a slot.", labels, registry=r)
+        self.batch_size = Gauge(m + "batch_size", "Sequences in the engine's latest step.", labels, registry=r)
+        self.decided_batch = Gauge(m + "speculation_batch_size", "Sequences in the latest target pass, prefilling "
+                                   "ones included (engine.last_decision).", labels, registry=r)
+        self.decided_k = Gauge(m + "speculation_k", "Drafts each decoding sequence of the latest pass verified "
+                               "(--speculation auto: chosen per step), by its place in the batch.",
+                               labels + ["sequence"], registry=r)
+        self.max_num_seqs = Gauge(m + "max_num_seqs", "Slots: the most sequences one step runs.", labels, registry=r)
+        self.kv_cache_bytes = Gauge(m + "kv_cache_bytes", "Bytes of the target's preallocated slot KV cache "
+                                    "(0: caches grow per sequence).", labels, registry=r)
+        self.steps = Counter(m + "engine_steps", "Engine steps (one forward over the batch each).", labels, registry=r)
+        self.step_sequences = Counter(m + "engine_step_sequences", "Sequences over all engine steps: divided by "
+                                      "engine_steps, the mean batch size.", labels, registry=r)
         self.success = Counter(m + "request_success", "Finished requests by finish reason.",
                                labels + ["finished_reason"], registry=r)
         self.rejected = Counter(m + "request_rejected", "Requests answered with an error, by status.",
@@ -47,12 +62,35 @@ class ServerMetrics:
                                         labels + ["position"], registry=r)
         self.model = model_name
         for counter in (self.prompt_tokens, self.generation_tokens, self.num_drafts, self.num_draft_tokens,
-                        self.num_accepted, self.abandoned):
+                        self.num_accepted, self.abandoned, self.steps, self.step_sequences):
             counter.labels(model_name)  # show 0 from the start, so that readers can take differences
 
-    def set_queue(self, running: int, waiting: int) -> None:
-        self.running.labels(self.model).set(running)
-        self.waiting.labels(self.model).set(waiting)
+    def set_queue(self, running: int, waiting: int, seq_running: int = 0, seq_waiting: int = 0) -> None:
+        m = self.model
+        self.running.labels(m).set(running)
+        self.waiting.labels(m).set(waiting)
+        self.seq_running.labels(m).set(seq_running)
+        self.seq_waiting.labels(m).set(seq_waiting)
+
+    def set_capacity(self, max_num_seqs: int, kv_cache_bytes: int) -> None:
+        self.max_num_seqs.labels(self.model).set(max_num_seqs)
+        self.kv_cache_bytes.labels(self.model).set(kv_cache_bytes)
+
+    def step(self, sequences: int) -> None:
+        """The engine is about to step `sequences` sequences."""
+        if sequences:
+            self.batch_size.labels(self.model).set(sequences)
+            self.steps.labels(self.model).inc()
+            self.step_sequences.labels(self.model).inc(sequences)
+
+    def decided(self, decision) -> None:
+        """The engine's latest speculation.StepDecision (None before its first pass)."""
+        if decision is None:
+            return
+        self.decided_batch.labels(self.model).set(decision.batch_size)
+        self.decided_k.clear()  # only this pass's sequences: the batch changes from step to step
+        for place, k in enumerate(decision.ks):
+            self.decided_k.labels(self.model, str(place)).set(k)
 
     def reject(self, status: int) -> None:
         self.rejected.labels(self.model, str(status)).inc()

@@ -1,7 +1,9 @@
 """The OpenAI wire format: request models (validated by pydantic), response builders, error bodies.
 
-Unknown request fields are ignored, as OpenAI-compatible servers do. Two extension fields, `k`
-and `draft`, let one request choose K and the drafter (among those the server was started with).
+Unknown request fields are ignored, as OpenAI-compatible servers do, except those that would change
+what is sampled (penalties, `logit_bias`, `response_format`, ...: REFUSED): a value other than their
+neutral one gets a 400 naming the field, never a silent "no". Two extension fields, `k` and `draft`,
+let one request choose K and the drafter (among those the server was started with).
 Types are strict (no "8" for 8, no true for 1, no "yes" for true; an integer is a number), numbers
 finite, and text valid Unicode, so that a wrong request gets a 400 naming its field, never a guess.
 """
@@ -10,11 +12,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 MAX_K = 64
+MAX_N = 16  # choices per request (each a sequence of the batch)
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI allows for chat
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes (negative s acts as 2**64 + s)
 STRICT = ConfigDict(extra="ignore", strict=True)
 
@@ -63,10 +67,43 @@ class SamplingFields(BaseModel):
     stop: Union[Text, list[Text], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N, description="choices: n sequences of the batch, choice i with seed + i")
     ignore_eos: bool = False
     k: int | None = Field(default=None, ge=1, le=MAX_K, description="extension: draft tokens per round")
     draft: str | None = Field(default=None, description="extension: which drafter (see /v1/models)")
+
+    # Fields that change sampling, declared so that they are seen (not dropped as unknown): refused_field()
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    logit_bias: Any = None
+    response_format: Any = None
+    min_tokens: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    stop_token_ids: Any = None
+    bad_words: Any = None
+    allowed_token_ids: Any = None
+    prompt_logprobs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    logits_processors: Any = None
+
+    def refused_field(self) -> tuple[str, object] | None:
+        """(the first field set to a value this server does not honour, its neutral value), or None."""
+        for name, neutral in REFUSED.items():
+            value = getattr(self, name, None)
+            if value is not None and not any(type(value) is type(n) and value == n for n in neutral):
+                return name, neutral[0] if neutral else None
+        return None
+
+    @property
+    def top_logprobs_count(self) -> int | None:
+        """How many alternatives each token's logprobs list (None: no logprobs asked for)."""
+        return None
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -77,9 +114,29 @@ class SamplingFields(BaseModel):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+# The values of each refused field that change nothing (None, or leaving it out, always does).
+REFUSED: dict[str, tuple] = {
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+    "logit_bias": ({},), "response_format": ({"type": "text"},), "min_tokens": (0,), "use_beam_search": (False,),
+    "length_penalty": (1, 1.0), "stop_token_ids": ([],), "bad_words": ([],), "allowed_token_ids": (),
+    "prompt_logprobs": (), "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+    "structured_outputs": (), "logits_processors": (), "best_of": (1,), "echo": (False,), "suffix": ("",),
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+}
+
+
 class CompletionRequest(SamplingFields):
     # A string, a one-element list of strings, or a list of token ids (batches are not served).
     prompt: Union[Text, list[Text], list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS,
+                                 description="each token's log-probability under p, and this many alternatives")
+    best_of: Any = None
+    echo: Any = None
+    suffix: Any = None
+
+    @property
+    def top_logprobs_count(self) -> int | None:
+        return self.logprobs
 
 
 class ContentPart(BaseModel):
@@ -102,6 +159,16 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+
+    @property
+    def top_logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # ---- errors --------------------------------------------------------------------------------------
@@ -176,28 +243,36 @@ def usage(prompt_tokens: int, completion_tokens: int, speculative: dict) -> dict
             "total_tokens": prompt_tokens + completion_tokens, "speculative": speculative}
 
 
-def completion_response(rid: str, model: str, text: str, finish: str, usage_: dict) -> dict:
-    return {"id": rid, "object": "text_completion", "created": now(), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+def completion_choice(index: int, text: str, finish: str | None, logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def chat_choice(index: int, text: str, finish: str | None, logprobs: dict | None = None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            "finish_reason": finish}
+
+
+def completion_response(rid: str, model: str, choices: list[dict], usage_: dict) -> dict:
+    return {"id": rid, "object": "text_completion", "created": now(), "model": model, "choices": choices,
             "usage": usage_}
 
 
-def chat_response(rid: str, model: str, text: str, finish: str, usage_: dict) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": now(), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish}],
+def chat_response(rid: str, model: str, choices: list[dict], usage_: dict) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": now(), "model": model, "choices": choices,
             "usage": usage_}
 
 
-def completion_chunk(rid: str, model: str, text: str, finish: str | None, extra: dict | None) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+def completion_chunk(rid: str, model: str, index: int, text: str, finish: str | None, extra: dict | None,
+                     logprobs: dict | None = None) -> dict:
+    choice = completion_choice(index, text, finish, logprobs)
     if extra:
         choice["specdec"] = extra
     return {"id": rid, "object": "text_completion", "created": now(), "model": model, "choices": [choice]}
 
 
-def chat_chunk(rid: str, model: str, delta: dict, finish: str | None, extra: dict | None) -> dict:
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+def chat_chunk(rid: str, model: str, index: int, delta: dict, finish: str | None, extra: dict | None,
+               logprobs: dict | None = None) -> dict:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     if extra:
         choice["specdec"] = extra
     return {"id": rid, "object": "chat.completion.chunk", "created": now(), "model": model,
@@ -206,3 +281,26 @@ def chat_chunk(rid: str, model: str, delta: dict, finish: str | None, extra: dic
 
 def usage_chunk(rid: str, model: str, obj: str, usage_: dict) -> dict:
     return {"id": rid, "object": obj, "created": now(), "model": model, "choices": [], "usage": usage_}
+
+
+# ---- logprobs, from the token records of server/streams.py ({"id", "logprob", "top_logprobs": [[id, lp]]}) --
+
+
+def chat_logprobs(tokens: list[dict], text_of) -> dict:
+    """Chat's logprobs object: per token its text, log-probability, UTF-8 bytes and alternatives."""
+    def entry(token_id: int, logprob: float) -> dict:
+        text = text_of(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    content = [{**entry(t["id"], t["logprob"]), "top_logprobs": [entry(i, lp) for i, lp in t["top_logprobs"]]}
+               for t in tokens]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(tokens: list[dict], text_of, offset: int = 0) -> dict:
+    """The completions (legacy) logprobs object; text_offset counts characters from `offset`."""
+    texts = [text_of(t["id"]) for t in tokens]
+    offsets = [offset + sum(len(x) for x in texts[:i]) for i in range(len(texts))]
+    return {"tokens": texts, "token_logprobs": [t["logprob"] for t in tokens],
+            "top_logprobs": [{text_of(i): lp for i, lp in t["top_logprobs"]} for t in tokens],
+            "text_offset": offsets}

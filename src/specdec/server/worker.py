@@ -1,11 +1,13 @@
-"""One engine, one thread, a bounded queue: the server's scheduler.
+"""The server's scheduler: one engine thread steps a BatchedEngine; a bounded queue in front of it.
 
-The engine is synchronous and keeps one sequence's KV cache, so requests run one at a time on a
-single worker thread (a one-thread executor is both the lock and the FIFO queue). Each job sends
-events back to the asyncio loop through an asyncio.Queue. A job whose client went away sets
-`cancelled`; the thread sees it after the current round and closes the generation. On shutdown
-the server stops admitting (`stop_accepting`) and, at its deadline, `abort_all` answers every job
-still in the system with an error.
+Up to `max_slots` sequences (the slot model's, `--max-num-seqs`) decode together; a request with
+n > 1 brings n sequences. Further sequences wait here in FIFO order, and join the batch as slots
+free up; once `max_slots + max_queue` sequences are in the system a new request gets 503. Each
+sequence takes a drafter of its own from its kind's DrafterPool, and a ChoiceStream listener that
+sends its events back to the asyncio loop (call_soon_threadsafe). A request whose client went away
+sets `cancelled`: its waiting sequences are dropped and its running ones leave the batch at the next
+step. On shutdown the server stops admitting (`stop_accepting`) and, at its deadline, `abort_all`
+answers every request still in the system with an error.
 """
 
 from __future__ import annotations
@@ -13,192 +15,228 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
+from specdec.batching import BatchedEngine, SequenceHandle
+from specdec.drafters.pool import DrafterPool
 from specdec.engine import GenerationConfig, SpecStats
 from specdec.errors import SpecdecError
-from specdec.runtime import Runtime, cut_at_stop
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import APIError
+from specdec.server.streams import ChoiceStream, DoneEvent, ErrorEvent, TokenEvent  # noqa: F401 (re-exported)
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
-    runtime: Runtime
+    """One request: n choices of one prompt, choice i with configs[i] (its own seed)."""
+
+    draft: str  # which DrafterPool its sequences draft with
     prompt_ids: list[int]
-    config: GenerationConfig
+    configs: tuple[GenerationConfig, ...]
+    decode: Callable[[list[int]], str]
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    started: bool = False  # the engine thread took it (set under the worker's lock)
+    started: bool = False  # a sequence of it joined the engine (set under the worker's lock)
+    handles: list[SequenceHandle] = field(default_factory=list)
+    unfinished: int = 0  # choices not done yet
 
-
-@dataclass(frozen=True)
-class TokenEvent:
-    text: str  # new text (may hold several tokens' worth when a piece was held back)
-    tokens: list[dict]  # [{"id", "origin", "round"}] for the tokens this text came from
-    stats: dict  # running counts: rounds, drafted, accepted, generated
-
-
-@dataclass(frozen=True)
-class DoneEvent:
-    finish_reason: str  # "stop", "length" or "abort"
-    text: str  # the whole answer (stop strings cut)
-    tokens: list[dict]  # tokens not yet sent with any text
-    stats: SpecStats
-
-
-@dataclass(frozen=True)
-class ErrorEvent:
-    error: APIError
-
-
-class TextStream:
-    """Incremental detokenization that never shows text it may have to take back.
-
-    Held back: an incomplete UTF-8 character (decoded as U+FFFD) and any tail that could be the start
-    of a stop string. Everything shown concatenates to the final text.
-    """
-
-    def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...]):
-        self.decode, self.stop, self.shown = decode, stop, ""
-
-    def update(self, token_ids: list[int], final: bool) -> str:
-        text = cut_at_stop(self.decode(token_ids), self.stop) if self.stop else self.decode(token_ids)
-        if not final:
-            text = text.rstrip("\ufffd")
-            text = text[: len(text) - _stop_prefix_len(text, self.stop)]
-        if len(text) <= len(self.shown):
-            return ""
-        delta, self.shown = text[len(self.shown):], text
-        return delta
-
-
-def _stop_prefix_len(text: str, stop: tuple[str, ...]) -> int:
-    """Length of the longest tail of text that is a proper prefix of a stop string."""
-    best = 0
-    for s in stop:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
-
-
-def _run_job(job: Job, emit: Callable[[object], None], metrics: ServerMetrics) -> None:
-    """On the engine thread: generate, sending a TokenEvent whenever new text can be shown."""
-    generation = job.runtime.engine.stream(job.prompt_ids, job.config)
-    stream = TextStream(job.runtime.decode, job.config.stop)
-    pending: list[dict] = []
-    last = job.arrived
-    for emitted in generation:
-        now = time.perf_counter()
-        metrics.token_latency(first=len(generation.token_ids) == 1, seconds=now - last)
-        last = now
-        pending.append({"id": emitted.token_id, "origin": emitted.origin.value, "round": emitted.round_index})
-        delta = stream.update(generation.token_ids, final=False)
-        if delta:
-            s = generation.stats
-            emit(TokenEvent(delta, pending, {"rounds": s.rounds, "drafted": s.drafted, "accepted": s.accepted,
-                                             "generated": s.generated}))
-            pending = []
-        if job.cancelled.is_set():
-            generation.close()  # no further round runs
-            break
-    reason = "abort" if job.cancelled.is_set() else (generation.finish_reason or "length")
-    stream.update(generation.token_ids, final=True)
-    metrics.finish(reason, len(job.prompt_ids), generation.stats, time.perf_counter() - job.arrived)
-    emit(DoneEvent(reason, stream.shown, pending, generation.stats))
+    @property
+    def n(self) -> int:
+        return len(self.configs)
 
 
 class EngineWorker:
-    """Admits at most one running job plus `max_queue` waiting ones; 503 beyond that."""
-
-    def __init__(self, max_queue: int, metrics: ServerMetrics):
-        self.max_queue = max_queue
+    def __init__(self, engine: BatchedEngine, pools: dict[str, DrafterPool], max_queue: int,
+                 metrics: ServerMetrics):
+        self.engine, self.pools = engine, pools
+        self.max_slots, self.max_queue = engine.target.max_slots, max_queue
         self.metrics = metrics
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-engine")
-        self._lock = threading.Lock()
-        self._in_system = 0  # running + waiting
-        self._live: dict[int, tuple[Job, Callable[[object], None]]] = {}  # id(job) -> (job, emit)
         self.accepting = True
+        self._wake = threading.Condition()
+        self._waiting: deque[tuple[Job, int]] = deque()  # (job, choice) not yet in the engine
+        self._live: dict[int, tuple[Job, Callable[[object], None]]] = {}  # id(job) -> (job, emit)
+        self._sequences = 0  # sequences in the system: waiting here, or in the engine
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="specdec-engine", daemon=True)
+        self._thread.start()
         metrics.set_queue(0, 0)
 
     @property
     def in_system(self) -> int:
-        return self._in_system
+        """Requests running or waiting."""
+        return len(self._live)
 
     def submit(self, job: Job) -> AsyncIterator[object]:
-        """Queue a job (or raise a 503 APIError); iterate the result for its events."""
-        with self._lock:
+        """Queue a request's sequences (or raise a 503 APIError); iterate the result for its events."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        with self._wake:
             if not self.accepting:
                 raise APIError(503, "the server is shutting down", None, "shutting_down")
-            if self._in_system >= 1 + self.max_queue:
-                raise APIError(503, f"the queue is full ({self.max_queue} waiting); retry later",
-                               None, "queue_full")
-            self._change(+1)
-            loop = asyncio.get_running_loop()
-            events: asyncio.Queue = asyncio.Queue()
-            emit = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)  # noqa: E731
-            self._live[id(job)] = (job, emit)
-        self._executor.submit(self._guarded, job, emit)
+            if self._sequences + job.n > self.max_slots + self.max_queue:
+                raise APIError(503, f"the queue is full ({self.max_slots} sequences running, {self.max_queue} "
+                                    "may wait); retry later", None, "queue_full")
+            self._sequences += job.n
+            job.unfinished = job.n
+            self._live[id(job)] = (job, _emitter(loop, events))
+            self._waiting.extend((job, i) for i in range(job.n))
+            self._publish_queue()
+            self._wake.notify()
         return _drain(events, job, self.leave)
 
     def leave(self, job: Job) -> None:
         """The client is gone (or done): stop the job; one that never started counts as abandoned."""
-        with self._lock:
-            if not job.started and not job.cancelled.is_set():
+        with self._wake:
+            if not job.started and not job.cancelled.is_set() and id(job) in self._live:
                 self.metrics.abandon()
-            job.cancelled.set()  # the engine thread stops after this round, or skips the job
-
-    def _guarded(self, job: Job, emit) -> None:
-        try:
-            with self._lock:
-                job.started = not job.cancelled.is_set()
-            if not job.started:  # the client left while waiting (or the server is shutting down): skip it
-                emit(DoneEvent("abort", "", [], SpecStats()))
-                return
-            _run_job(job, emit, self.metrics)
-        except SpecdecError as exc:
-            emit(ErrorEvent(APIError(400, str(exc), None, "invalid_value")))
-        except Exception as exc:  # noqa: BLE001 - a bug must reach the client as an error, not a hang
-            emit(ErrorEvent(APIError(500, f"internal error: {type(exc).__name__}: {exc}", None, "internal")))
-        finally:
-            with self._lock:
-                self._live.pop(id(job), None)
-                self._change(-1)
-
-    def _change(self, delta: int) -> None:
-        self._in_system += delta
-        self.metrics.set_queue(min(1, self._in_system), max(0, self._in_system - 1))
+            job.cancelled.set()  # the engine thread drops it before its next step
+            self._wake.notify()
 
     def stop_accepting(self) -> None:
         """From now on submit answers 503 (and /health too): the start of a drain."""
-        with self._lock:
+        with self._wake:
             self.accepting = False
 
     def abort_all(self, error: APIError) -> None:
-        """End every job still running or waiting: its client gets `error` now, the engine stops soon."""
-        with self._lock:
+        """End every request still running or waiting: its client gets `error` now, the engine drops it soon."""
+        with self._wake:
             live = list(self._live.values())
             for job, _ in live:
                 job.cancelled.set()
+            self._wake.notify()
         for _, emit in live:
             emit(ErrorEvent(error))
 
     def shutdown(self) -> None:
-        """Stop taking jobs and wait for the engine thread (after a drain, only a round's worth of work)."""
-        self.stop_accepting()
-        self._executor.shutdown(wait=True, cancel_futures=False)
+        """Stop taking requests; the engine thread ends once nothing is left (after a drain, a step's worth)."""
+        with self._wake:
+            self.accepting = False
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join()
+
+    # ---- the engine thread ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._waiting or self.engine.busy or self._stopping):
+                    self._wake.wait()
+                if self._stopping and not self._waiting and not self.engine.busy:
+                    return
+                self._cancel_left()
+                starting = self._take_starting()
+            for job, index in starting:
+                self._start(job, index)
+            self.metrics.step(self.engine.num_running + self.engine.num_waiting)
+            try:
+                self.engine.step()
+            except Exception as exc:  # noqa: BLE001 - a bug must reach the clients as an error, not a hang
+                self._fail_running(APIError(500, f"internal error: {type(exc).__name__}: {exc}", None, "internal"))
+            self.metrics.decided(self.engine.last_decision)
+            self._publish_queue()
+
+    def _cancel_left(self) -> None:
+        """Under the lock: requests whose client left lose their waiting sequences and stop their running ones."""
+        for job, index in [w for w in self._waiting if w[0].cancelled.is_set()]:
+            self._waiting.remove((job, index))
+            self._choice_done(job, DoneEvent(index, "abort", "", [], SpecStats()))
+        for job, _ in self._live.values():
+            if job.cancelled.is_set():
+                for handle in job.handles:
+                    handle.cancel()  # it leaves the batch at the next step; its listener ends the choice
+
+    def _take_starting(self) -> list[tuple[Job, int]]:
+        """Under the lock: the waiting sequences that fit the free slots, first come first served."""
+        free = self.max_slots - self.engine.num_running - self.engine.num_waiting
+        starting = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+        for job, _ in starting:
+            job.started = True
+        return starting
+
+    def _start(self, job: Job, index: int) -> None:
+        """Submit one sequence with a drafter of its own; a failure ends the request with an error."""
+        live = self._live.get(id(job))
+        if live is None:  # the request failed already
+            return self._choice_done(job, None)
+        pool = self.pools[job.draft]
+        try:
+            drafter = pool.take()
+        except Exception as exc:  # noqa: BLE001 - e.g. a draft model that cannot load again
+            self._choice_done(job, None)
+            return self._fail(job, APIError(500, f"could not build a drafter: {exc}", None, "internal"))
+
+        def done(_: ChoiceStream) -> None:
+            pool.give_back(drafter)
+            self._choice_done(job, None)
+
+        config = job.configs[index]
+        stream = ChoiceStream(index, job.arrived, len(job.prompt_ids) if index == 0 else 0, job.decode,
+                              config.stop, config.logprobs is not None, live[1], self.metrics, done)
+        try:
+            job.handles.append(self.engine.submit(job.prompt_ids, config, drafter, stream))
+        except SpecdecError as exc:
+            pool.give_back(drafter)
+            self._choice_done(job, None)
+            self._fail(job, APIError(400, str(exc), None, "invalid_value"))
+
+    def _choice_done(self, job: Job, event: DoneEvent | None) -> None:
+        """A choice left the system (event: one to send for it); the request ends with its last."""
+        with self._wake:
+            self._sequences -= 1
+            job.unfinished -= 1
+            live = self._live.get(id(job))
+            if job.unfinished == 0:
+                self._live.pop(id(job), None)
+        if live is not None and event is not None:
+            live[1](event)
+
+    def _fail(self, job: Job, error: APIError) -> None:
+        """End a request with an error: its waiting sequences go, its running ones stop, the client gets `error`."""
+        with self._wake:
+            live = self._live.pop(id(job), None)
+            job.cancelled.set()
+            for waiting in [w for w in self._waiting if w[0] is job]:
+                self._waiting.remove(waiting)
+                self._choice_done(job, None)
+        for handle in job.handles:
+            handle.cancel()  # each one's listener gives its drafter back and counts it out
+        if live is not None:
+            live[1](ErrorEvent(error))
+
+    def _fail_running(self, error: APIError) -> None:
+        for job, _ in list(self._live.values()):
+            if job.handles:
+                self._fail(job, error)
+
+    def _publish_queue(self) -> None:
+        jobs = list(self._live.values())
+        running = sum(1 for job, _ in jobs if job.started)
+        waiting_seqs = len(self._waiting) + self.engine.num_waiting
+        self.metrics.set_queue(running, len(jobs) - running, self.engine.num_running, waiting_seqs)
+
+
+def _emitter(loop: asyncio.AbstractEventLoop, events: asyncio.Queue) -> Callable[[object], None]:
+    def emit(event: object) -> None:
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            pass
+
+    return emit
 
 
 async def _drain(events: asyncio.Queue, job: Job, leave: Callable[[Job], None]) -> AsyncIterator[object]:
+    """The request's events until all of its n choices are done, or an error."""
     try:
-        while True:
+        remaining = job.n
+        while remaining:
             event = await events.get()
             yield event
-            if isinstance(event, (DoneEvent, ErrorEvent)):
+            if isinstance(event, ErrorEvent):
                 return
+            remaining -= isinstance(event, DoneEvent)
     finally:
-        leave(job)  # client gone (or done): the engine thread stops after this round
+        leave(job)  # client gone (or done): the engine thread drops it before its next step

@@ -1,0 +1,66 @@
+"""`specdec serve --speculation auto|K`: the server's K policy reaches the batched engine, answers stay
+the target's (greedy: the same text as the default server), and /metrics shows each step's K."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from specdec.speculation import SpeculationPolicy
+
+from tests.server_tiny_model import build_tiny_models, shared_server, tiny_root
+
+openai = pytest.importorskip("openai")
+
+PROMPT = "hello what is the draft token"
+
+
+def greedy(server, **extra) -> tuple[str, dict]:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0,
+                                    extra_body={"ignore_eos": True, **extra})
+    return out.choices[0].text, out.usage.model_extra["speculative"]
+
+
+@pytest.mark.parametrize("flag, mode, k", [("auto", "auto", 4), ("3", "fixed", 3)])
+def test_a_server_policy_keeps_the_greedy_answer_and_decides_k(flag, mode, k):
+    default, policy = shared_server(), shared_server("--speculation", flag)
+    card = httpx.get(policy.url + "/v1/models").json()["data"][0]["specdec"]
+    assert (card["speculation"], card["k"]) == (mode, k)
+    text, spec = greedy(policy, k=7)  # a request's own k is not used under a server policy
+    assert text == greedy(default)[0]
+    assert spec["k"] == k and spec["drafted"] <= k * spec["rounds"]
+
+
+def test_metrics_show_the_latest_steps_batch_and_k_per_sequence():
+    server = shared_server("--speculation", "3")
+    greedy(server)
+    text = httpx.get(server.url + "/metrics").text
+    batch = re.search(r'^specdec:speculation_batch_size\{model_name="tiny"\} (\S+)$', text, re.M)
+    ks = re.findall(r'^specdec:speculation_k\{model_name="tiny",sequence="(\d+)"\} (\S+)$', text, re.M)
+    assert batch and float(batch.group(1)) >= 1
+    assert ks and all(0 <= float(k) <= 3 for _, k in ks)
+
+
+@pytest.mark.parametrize("flag, policy", [(None, SpeculationPolicy()), ("2", SpeculationPolicy.fixed(2)),
+                                          ("auto", SpeculationPolicy.auto(k_max=3))])
+def test_the_flag_reaches_the_batched_engine(flag, policy):
+    from specdec.cli import build_parser
+    from specdec.commands.serve import build_state
+
+    target, _ = build_tiny_models(tiny_root())
+    argv = ["serve", "--target", str(target), "--draft", "lookup", "-k", "3", "--max-num-seqs", "2", "--threads", "1"]
+    state = build_state(build_parser().parse_args(argv + (["--speculation", flag] if flag else [])))
+    got = state.engine.config.speculation
+    assert (got.mode, got.k) == (policy.mode, policy.k)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "fast", "2.5"])
+def test_a_bad_speculation_flag_is_one_line(capsys, value):
+    from specdec.cli import main
+
+    assert main(["serve", "--target", "none-needed", "--speculation", value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--speculation must be auto or a whole number" in err and "\n" not in err

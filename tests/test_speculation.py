@@ -1,0 +1,147 @@
+"""The speculation policy: K per sequence per step from acceptance and the verify cost (choose_ks),
+and the batched engine under it: K changes how many drafts are verified, never the output."""
+
+import pytest
+import torch
+
+from specdec.batching import BatchConfig, BatchedEngine
+from specdec.drafters import ModelDrafter
+from specdec.engine import GenerationConfig, Origin
+from specdec.errors import InvalidRequestError
+from specdec.models.slots import LoopSlots
+from specdec.sampling import SamplingParams
+from specdec.speculation import (SpeculationPolicy, VerifyCostTable, choose_ks, measure_verify_cost,
+                                 step_seconds, tokens_at)
+from tests.markov import MarkovLM
+from tests.test_batching import make_drafter, mixed_requests, plain, run_arriving
+from tests.test_exactness import HOT, PROMPT, V, exact_joint, goodness_of_fit
+
+CPU = torch.device("cpu")
+# A GPU-like pass: flat in rows at batch 1, rows cost about as much as sequences at batch 32.
+GPU_LIKE = VerifyCostTable((1, 32), (1, 2, 5, 9), ((10e-3, 10.1e-3, 10.3e-3, 10.6e-3), (12e-3, 24e-3, 60e-3, 108e-3)))
+
+
+def test_batch_one_with_a_cheap_verify_and_high_acceptance_speculates():
+    plan = choose_ks([0.8], [8], GPU_LIKE, draft_per_token=0.2e-3)
+    assert plan.ks[0] > 1
+    assert plan.predicted_tokens_per_second > 2 * plan.plain_tokens_per_second
+
+
+def test_steep_rows_at_high_batch_or_low_acceptance_pick_plain_steps():
+    assert choose_ks([0.8] * 32, [8] * 32, GPU_LIKE, 0.2e-3).ks == (0,) * 32
+    assert choose_ks([0.02], [8], GPU_LIKE, 0.2e-3).ks == (0,)
+    expensive_drafter = choose_ks([0.8], [8], GPU_LIKE, draft_per_token=20e-3)
+    assert expensive_drafter.ks == (0,)
+
+
+def test_each_sequence_gets_its_own_k_by_its_acceptance():
+    cpu_like = VerifyCostTable.from_rows([(1, 1.0), (2, 1.25), (5, 2.0), (9, 3.0)])
+    plan = choose_ks([0.95, 0.1, 0.6], [8, 8, 8], cpu_like, 0.0)
+    assert plan.ks[0] > plan.ks[2] > plan.ks[1] == 0
+
+
+def test_a_gain_below_the_margin_gives_way_to_plain():
+    cost = VerifyCostTable.from_rows([(1, 1.0), (2, 1.45)])  # one draft at alpha 0.5: 1.5 tokens for 1.45 s
+    assert choose_ks([0.5], [1], cost, 0.0).ks == (1,)
+    held = choose_ks([0.5], [1], cost, 0.0, min_gain=0.05)
+    assert held.ks == (0,) and held.predicted_tokens_per_second == held.plain_tokens_per_second
+
+
+def test_caps_bound_k_and_prefill_rows_count_as_cost():
+    assert choose_ks([0.99], [2], GPU_LIKE, 0.0).ks == (2,)
+    alone = step_seconds(GPU_LIKE, [3], [], 0.0)
+    assert step_seconds(GPU_LIKE, [3], [200], 0.0) > alone
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 0.99])
+@pytest.mark.parametrize("batch", [1, 3, 16, 64])
+@pytest.mark.parametrize("draft_cost", [0.0, 1e-3, 10e-3])
+def test_never_predicts_worse_than_plain_under_its_own_model(alpha, batch, draft_cost):
+    plan = choose_ks([alpha] * batch, [6] * batch, GPU_LIKE, draft_cost)
+    plain_seconds = step_seconds(GPU_LIKE, [0] * batch, [], draft_cost)
+    assert plan.plain_seconds == pytest.approx(plain_seconds)
+    assert plan.predicted_tokens_per_second >= batch / plain_seconds
+    tokens = sum(tokens_at(alpha, k) for k in plan.ks)
+    assert plan.predicted_tokens_per_second == pytest.approx(tokens / step_seconds(GPU_LIKE, plan.ks, [], draft_cost))
+
+
+def test_the_cost_table_interpolates_and_refuses_bad_shapes():
+    assert GPU_LIKE.cost(1, 1) == pytest.approx(10e-3)
+    assert GPU_LIKE.cost(32, 64) == pytest.approx(24e-3)
+    assert 10e-3 < GPU_LIKE.cost(16, 16) < 12e-3
+    with pytest.raises(InvalidRequestError, match="increasing"):
+        VerifyCostTable((2, 1), (1,), ((1.0,), (1.0,)))
+    with pytest.raises(InvalidRequestError, match="mode"):
+        SpeculationPolicy(mode="sometimes")
+    with pytest.raises(InvalidRequestError, match="k must be >= 1"):
+        SpeculationPolicy.auto(k_max=0)
+
+
+def test_acceptance_estimate_starts_at_the_prior_and_follows_the_counts():
+    policy = SpeculationPolicy.auto()
+    assert policy.acceptance(0, 0) == 0.5
+    assert policy.acceptance(90, 100) > 0.85 and policy.acceptance(1, 100) < 0.05
+
+
+def test_greedy_output_under_auto_equals_plain_decoding(tiny_target, tiny_draft):
+    """Mixed drafters and arrivals; a cost table under which the policy mixes K = 0 and K > 0."""
+    requests = mixed_requests(16, seed=3)
+    costs = VerifyCostTable.from_rows([(1, 1.0), (2, 1.3), (5, 2.2), (9, 3.5)])
+    policy = SpeculationPolicy.auto(k_max=6, verify_cost=costs)
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 4), None, config=BatchConfig(8, policy))
+    seen, step = [], engine.step
+    engine.step = lambda: (step(), seen.append(engine.last_decision))[0]
+    drafters = [make_drafter(kind, tiny_target, tiny_draft) for _, _, kind, _ in requests]
+    handles = run_arriving(engine, requests, drafters)
+    for (prompt, config, kind, _), handle in zip(requests, handles):
+        assert handle.token_ids == plain(tiny_target, prompt, config).token_ids, (kind, prompt, config)
+    ks = [k for d in seen if d is not None for k in d.ks]
+    assert 0 in ks and max(ks) > 1 and all(d.mode == "auto" for d in seen if d)
+    assert all(len(d.ks) == len(d.request_ids) <= d.batch_size <= 4 for d in seen if d)
+
+
+def test_fixed_mode_overrides_each_request_k(tiny_target):
+    first = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
+                          config=BatchConfig(speculation=SpeculationPolicy.fixed(3)))
+    first.submit([5, 6, 5, 6, 5, 6], GenerationConfig(max_new_tokens=10, k=1))
+    first.step()  # the prefill
+    first.step()
+    assert first.last_decision.ks == (3,) and first.last_decision.predicted_tokens_per_second is None
+
+
+def test_sampled_output_under_auto_follows_target_distribution():
+    """1500 seeded 2-token answers in 8 slots with a Markov draft; the policy picks 0 or 1 draft."""
+    costs = VerifyCostTable.from_rows([(1, 1.0), (2, 1.2), (3, 1.9)])
+    policy = SpeculationPolicy.auto(k_max=2, verify_cost=costs)
+    engine = BatchedEngine(LoopSlots(lambda: MarkovLM(V, seed=0), 8), lambda: ModelDrafter(MarkovLM(V, seed=1), V),
+                           config=BatchConfig(speculation=policy))
+    handles = [engine.submit(PROMPT, GenerationConfig(max_new_tokens=2, sampling=SamplingParams(1.0, seed=i)))
+               for i in range(1500)]
+    engine.run()
+    counts, origins = {}, set()
+    for handle in handles:
+        counts[tuple(handle.token_ids)] = counts.get(tuple(handle.token_ids), 0) + 1
+        origins |= {t.origin for t in handle}
+    assert goodness_of_fit(counts, exact_joint(MarkovLM(V, seed=0), HOT, n_tokens=2)) > 1e-3
+    assert Origin.ACCEPTED in origins
+
+
+def test_auto_measures_the_verify_cost_of_the_real_target(tiny_target):
+    slots = LoopSlots(tiny_target.with_own_cache, 3)
+    table = measure_verify_cost(slots, k_max=4, trials=1)
+    assert table.batch_sizes == (1, 2, 3) and table.rows_per_seq == (1, 2, 3, 5)
+    assert all(slots.cache_len(s) == 0 for s in range(3))
+    engine = BatchedEngine(slots, lambda: make_drafter("lookup", None, None),
+                           config=BatchConfig(speculation=SpeculationPolicy.auto(k_max=4)))
+    expected = plain(tiny_target, [7, 8, 7, 8], GenerationConfig(max_new_tokens=6)).token_ids
+    assert list(engine.generate([[7, 8, 7, 8]], GenerationConfig(max_new_tokens=6))[0].token_ids) == list(expected)
+
+
+def test_the_speculation_flag_resolves_to_a_policy():
+    from specdec.speculation import policy_from_flag
+
+    assert policy_from_flag(None, 4) == SpeculationPolicy()
+    assert policy_from_flag("auto", 6) == SpeculationPolicy.auto(k_max=6)
+    assert policy_from_flag("2", 6) == SpeculationPolicy.fixed(2)
+    with pytest.raises(InvalidRequestError, match="auto or a whole number"):
+        policy_from_flag("0", 6)
