@@ -274,7 +274,6 @@ def cache_slots(max_length: int, choices: dict) -> int:
     return -(-(max_length + rows) // 64) * 64
 
 
-_slots = cache_slots  # the old private name, which native_slots.py imports
 
 
 __all__ = ["LlamaArch", "NativeLlama", "NativeOptions"]

@@ -34,7 +34,8 @@ import torch
 from specdec.models.base import check_feature_layers
 from specdec.models.llama_config import LlamaArch, arch_from_hf, named_arch
 from specdec.models.llama_net import LlamaNet, build_net, init_random
-from specdec.models.native_llama import _slots, _triton_refuses, adopt_on_cpu, net_from_hf
+from specdec.models.native_llama import _triton_refuses, adopt_on_cpu, net_from_hf
+from specdec.models.native_llama import cache_slots as one_sequence_slots
 from specdec.models.slots import RaggedOutput, SlotModel, check_ragged
 
 # Row counts with a CUDA graph: decode steps of up to 64 sequences, verifies of up to 64 x (K + 1).
@@ -67,7 +68,7 @@ class SlotOptions:
 def slot_stride(max_length: int) -> int:
     """Cache slots one sequence owns: as many as a NativeLlama of this max_length holds, so that
     its whole-block attention spans (row_count_invariant) are clamped alike."""
-    return _slots(max_length, {})
+    return one_sequence_slots(max_length, {})
 
 
 def cache_slots(max_slots: int, max_length: int) -> int:
