@@ -224,3 +224,62 @@ def run_cpu_batch(args) -> int:
          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=1))
     print(f"saved {out / 'batch-cpu.json'} and {plot}")
     return 0
+
+
+def step_seconds(slots, sync, rows: int = 1, context: int = 32, reps: int = 8) -> float:
+    """Median time of one pass of one sequence of `rows` new tokens after `context` cached ones."""
+    import torch
+
+    slots.forward_ragged([0], [torch.full((context,), 7, dtype=torch.long, device=slots.device)], logits=[False])
+    times = []
+    for _ in range(reps):
+        sync()
+        start = time.perf_counter()
+        slots.forward_ragged([0], [torch.full((rows,), 11, dtype=torch.long, device=slots.device)])
+        sync()
+        times.append(time.perf_counter() - start)
+        slots.rollback(0, context)
+    slots.release(0)
+    return statistics.median(times[2:])
+
+
+def run_gpu_batch(args) -> int:
+    """`specdec bench gpu --batch 1,4,16,64`: the random Llama-3.1-8B target on the fused ragged
+    path (NativeSlots, bf16, CUDA graphs), plain decoding and the oracle at ALPHAS, its draft cost
+    paid by a random Llama-3.2-1B drafting for every sequence at once (DraftSlots), c measured here."""
+    import json
+
+    import torch
+
+    from specdec.batching import BatchedEngine
+    from specdec.drafters.model import DraftSlots
+    from specdec.drafters.none import NoDrafter
+    from specdec.drafters.oracle import OracleDrafter
+    from specdec.models.native_slots import NativeSlots
+
+    sizes = parse_batch_sizes(args.batch)
+    n, most = args.new_tokens, max(sizes)
+    overrides = {"n_layers": 2} if args.smoke else None
+    target = NativeSlots.random("llama-3.1-8b", most, max_length=1024, arch_overrides=overrides)
+    draft = NativeSlots.random("llama-3.2-1b", most, max_length=1024, arch_overrides=overrides)
+    for model in (target, draft):  # every graph before any timing (a capture costs about a second)
+        model.capture(*model.options.graph_rows)
+    sync = torch.cuda.synchronize
+    c = step_seconds(draft, sync) / step_seconds(target, sync)
+    print(f"{target.name} on the fused ragged path: KV cache {target.kv_cache_bytes / 2**30:.2f} GiB for {most} "
+          f"sequences x 1024; draft {draft.name}, c = {c:.3f}")
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, target.vocab_size, (32,), generator=gen).tolist() for _ in range(most)]
+    engine = BatchedEngine(target, lambda: NoDrafter(target.device))
+    oracle = lambda alpha: OracleDrafter(target, alpha, horizon=n + 8, seed=7, draft_slots=DraftSlots(draft))  # noqa: E731
+    points = batch_table(engine, prompts, sizes, n, {}, oracle, oracle_k=4, c=c, sync=sync)
+    title = f"{target.name}, bf16, {torch.cuda.get_device_name()}"
+    print(f"{title}, {n} new tokens a sequence, greedy, aggregate tokens/s (oracle K 4, draft cost c = {c:.3f}):")
+    print_batch_table(points)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    out.joinpath("batch-gpu.json").write_text(json.dumps(
+        {"device": torch.cuda.get_device_name(), "new_tokens": n, "c": c, "points": as_json(points),
+         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=1))
+    print(f"saved {out / 'batch-gpu.json'} and {plot_speedup(points, out / 'batch-gpu.png', title)}")
+    return 0

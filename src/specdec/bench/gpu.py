@@ -39,7 +39,7 @@ def add_flags(p) -> None:
     p.add_argument("--new-tokens", type=int, default=128, help="tokens per generation in the engine runs")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: the cores less the busy ones)")
     p.add_argument("--no-hf-compile", action="store_true", help="skip transformers' static cache + compile row")
-    p.add_argument("--batch", default=None, help="with --cpu: batch sizes for the batched engine's table, e.g. 1,4,16")
+    p.add_argument("--batch", default=None, help="batch sizes for the batched engine's table, e.g. 1,4,16,64 (with --cpu: the embedded model)")
     p.add_argument("--draft-megakernel", action="store_true",
                    help="the draft's single-token steps through the megakernel (Hopper; models/megakernel.py)")
     add_tensor_parallel_flag(p)
@@ -47,10 +47,10 @@ def add_flags(p) -> None:
 
 def run(args) -> int:
     check_tensor_parallel(args)
-    if args.cpu and args.batch:
-        from specdec.bench.batch import run_cpu_batch
+    if args.batch:
+        from specdec.bench.batch import run_cpu_batch, run_gpu_batch
 
-        return run_cpu_batch(args)
+        return run_cpu_batch(args) if args.cpu else run_gpu_batch(args)
     return run_cpu(args) if args.cpu else run_gpu(args)
 
 
