@@ -97,3 +97,18 @@ def test_batched_engine_over_native_slots_equals_plain_decoding(tiny_target, tin
     sizes = [len(rows) for rows in calls]
     assert max(sizes) == 8 and len(set(sizes)) > 3  # full batches and ragged ones
     assert all(slots.cache_len(s) == 0 for s in range(8))  # every slot released
+
+
+def test_slots_sharing_a_native_llama_hold_its_tensors_and_give_its_rows(tiny_target):
+    """NativeSlots.sharing (what the server uses, also where no transformers model is kept): no copy
+    of a weight, a cache of its own, and each sequence's rows as the llama gives them alone."""
+    llama = NativeLlama.from_hf(tiny_target.model, "tiny", MAX_LENGTH, cuda_graphs=False)
+    slots = NativeSlots.sharing(llama, max_slots=3)
+    assert slots.net.layers[0].w13.weight is llama.net.layers[0].w13.weight
+    assert slots.net.layers[0].packed is llama.net.layers[0].packed
+    assert slots.net.layers[0].k_cache.data_ptr() != llama.net.layers[0].k_cache.data_ptr()
+    tokens = torch.randint(0, VOCAB, (7,), generator=torch.Generator().manual_seed(5))
+    out = slots.forward_ragged([2, 0], [tokens, tokens[:3]])
+    torch.testing.assert_close(out.logits_of(0), llama.forward(tokens), atol=1e-5, rtol=1e-5)
+    llama.reset()
+    torch.testing.assert_close(out.logits_of(1), llama.forward(tokens[:3]), atol=1e-5, rtol=1e-5)

@@ -338,8 +338,7 @@ class BatchedEngine:
         if features is not None:  # the pending token and the kept drafts are now part of the text
             seq.drafter.observe(features[: verdict.num_accepted + 1])
         valid = len(seq.context) + verdict.num_accepted
-        self.target.rollback(seq.slot, valid)
-        seq.drafter.commit(valid)
+        self._rollback(seq, valid)
         seq.pending = next_token.reshape(1)
         origins = [Origin.ACCEPTED] * verdict.num_accepted + [
             Origin.BONUS if verdict.all_accepted else Origin.RECOVERED]
@@ -353,6 +352,11 @@ class BatchedEngine:
         stats.record_round(verdict, len(emitted))
         seq.text_checked = len(seq.context) - len(seq.prompt)
         return emitted, reason
+
+    def _rollback(self, seq: _Sequence, valid: int) -> None:
+        """The slot and the drafter keep the first `valid` tokens of the text, forget the rest."""
+        self.target.rollback(seq.slot, valid)
+        seq.drafter.commit(valid)
 
     def _finish_reason(self, seq: _Sequence) -> str | None:
         generated = seq.context[len(seq.prompt):]

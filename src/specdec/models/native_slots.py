@@ -119,6 +119,31 @@ class NativeSlots(SlotModel):
         init_random(net, seed)
         return cls(net, f"random {size}", max_length, max_slots, fused)
 
+    @classmethod
+    def sharing(cls, llama, max_slots: int, max_length: int | None = None) -> "NativeSlots":
+        """Over a NativeLlama's own weights, no copy (on a GPU it keeps no transformers model to
+        build from): a net whose parameters (and CPU matrices) are the llama's tensors, with a slot
+        cache of its own."""
+        src = llama.net
+        max_length = min(max_length or llama.max_length, llama.max_length)
+        with torch.device("meta"):
+            net = LlamaNet(src.arch, cache_slots(max_slots, max_length))
+        for name, param in src.named_parameters():
+            owner, _, leaf = name.rpartition(".")
+            net.get_submodule(owner).register_parameter(leaf, param)
+        like = dict(src.named_buffers())
+        for name, buf in list(net.named_buffers()):
+            owner, _, leaf = name.rpartition(".")
+            real = torch.empty(buf.shape, dtype=like[name].dtype, device=src.slot_ids.device)
+            net.get_submodule(owner).register_buffer(leaf, real, persistent=False)
+        for mine, theirs in zip(net.layers, src.layers):
+            mine.packed = theirs.packed
+        net._packed_lm, net.cpu_layout, net.row_count_invariant = src._packed_lm, src.cpu_layout, src.row_count_invariant
+        net.reset_buffers()
+        model = cls(net, llama.name, max_length, max_slots, llama.options.fused)
+        model.model = llama.model
+        return model
+
     @property
     def kv_cache_bytes(self) -> int:
         """Bytes of the whole preallocated KV cache (every layer's k and v, every slot)."""

@@ -156,17 +156,16 @@ def check_ragged(model: SlotModel, slots: Sequence[int], tokens: Sequence[torch.
 
 
 def slot_model_for(model: CausalLM, max_slots: int, max_length: int | None = None) -> SlotModel:
-    """A slot model over a loaded CausalLM's weights: a NativeSlots for the native backend (which
-    keeps its transformers model on a CPU), a LoopSlots of caches of their own for transformers.
+    """A slot model over a loaded CausalLM's weights: a NativeSlots sharing the native backend's
+    tensors (NativeSlots.sharing), a LoopSlots of caches of their own for transformers.
     max_length: per slot (None: the model's)."""
     from specdec.errors import UnsupportedHereError
     from specdec.models.native_llama import NativeLlama
     from specdec.models.native_slots import NativeSlots
 
     length = min(max_length or model.max_length, model.max_length)
-    if isinstance(model, NativeLlama) and model.model is not None:
-        return NativeSlots.from_hf(model.model, model.name, max_slots, length)
+    if isinstance(model, NativeLlama):
+        return NativeSlots.sharing(model, max_slots, length)
     if hasattr(model, "with_own_cache"):
         return LoopSlots(model.with_own_cache, max_slots)
-    raise UnsupportedHereError(f"{model.name} cannot hold several sequences here yet (the native backend "
-                               "on CUDA keeps no transformers model to build slots from): use --backend hf")
+    raise UnsupportedHereError(f"{model.name} cannot hold several sequences here: use --backend hf or native")
