@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import triton
 
-from specdec.models.triton_attention import CHUNK, ROWS, AttentionRows
+from specdec.models.triton_attention import CHUNK, ROWS, AttentionRows, blocks_of, work_list
 from specdec.models.triton_forward import PassRows, forward_rows
 
 
@@ -79,13 +79,12 @@ class RaggedPlan:
                                                   + [np.zeros(0, dtype=np.int64)])
         head = self.head_rows()
         meta[2 * r:2 * r + len(head)] = head
-        blocks, ends = self._blocks(group)
+        blocks, pairs = self.attention_tables(group)
         if len(blocks) > layout.blocks:
             raise ValueError(f"{len(blocks)} attention blocks exceed the layout's {layout.blocks}")
         at = 3 * r
         if blocks:
             meta[at:at + 4 * len(blocks)] = np.asarray(blocks, dtype=np.int32).ravel()
-        pairs = [(b, c) for b, end in enumerate(ends) for c in range(triton.cdiv(end, CHUNK))]
         at += 4 * layout.blocks
         if len(pairs) > layout.pairs:
             raise ValueError(f"{len(pairs)} attention work pairs exceed the layout's {layout.pairs}")
@@ -94,22 +93,22 @@ class RaggedPlan:
         meta[-1] = len(pairs)
         return meta
 
-    def _blocks(self, group: int) -> tuple[list[list[int]], list[int]]:
-        """The block table (tok0, ntok, r0, base) of every sequence in order, and each block's end
-        (its sequence's last position + 1)."""
+    def attention_tables(self, group: int) -> tuple[list[list[int]], list[list[int]]]:
+        """The block table (tok0, ntok, r0, base) of every sequence in order, and the work list of
+        the (block, chunk) pairs they reach (triton_attention.blocks_of, work_list)."""
         blocks, ends, tok0 = [], [], 0
         for n, start, base in zip(self.counts, self.starts, self.bases):
-            for r0 in range(0, n * group, ROWS):
-                blocks.append([tok0, n, r0, base])
-                ends.append(start + n)
+            mine = blocks_of(n, group, tok0, base)
+            blocks += mine
+            ends += [start + n] * len(mine)
             tok0 += n
-        return blocks, ends
+        return blocks, work_list(blocks, ends)
 
 
 def exact_layout(plan: RaggedPlan, group: int) -> MetaLayout:
     """The smallest layout that holds this pass (an eager pass: no padding)."""
-    blocks, ends = plan._blocks(group)
-    return MetaLayout(plan.rows, max(1, len(blocks)), max(1, sum(triton.cdiv(e, CHUNK) for e in ends)))
+    blocks, pairs = plan.attention_tables(group)
+    return MetaLayout(plan.rows, max(1, len(blocks)), max(1, len(pairs)))
 
 
 class RaggedGraph:
