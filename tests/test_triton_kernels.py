@@ -64,6 +64,32 @@ def test_norms_folded_into_the_gemvs_match_rms_norm_then_gemv(rows, split, monke
     assert not triton_ops._tile_counters(x.device).any()
 
 
+@pytest.mark.parametrize("block_n", [16, 32, 64])
+def test_sums_of_squares_are_per_16_columns_whatever_the_tile(block_n, monkeypatch):
+    """The sums a GEMV leaves for the next norm are over SQ_COLS columns each, not over the tile's
+    BLOCK_N: a wide tile (batched passes) must leave the very sums a narrow one (single steps) does."""
+    monkeypatch.setattr(triton_ops, "_chosen_tiles", {})
+    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", (block_n, 32, 4, 1, 1))
+    x, w, g = randn(5, 48), randn(80, 48), randn(80) + 1  # 80 columns: the last 16-column chunk in a part tile
+    h, h_in = triton_ops.gemv_then_norm(x, w, g, 1e-5)
+    assert h_in.sq.shape == (5, 5)
+    torch.testing.assert_close(h_in.sq, (h * h).view(5, 5, 16).sum(-1), atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(h_in.scaled, h * g)
+
+
+def test_wide_tiles_keep_the_narrow_tiles_split_k_slices():
+    """A wide tile (more columns a program, for passes of more than 16 rows) may change BLOCK_N,
+    BLOCK_K and warps, never where the split-K slices start: the partial sums stay the same."""
+    for k, narrow in [(4096, (16, 256, 4, 4, 1)), (14336, (32, 512, 8, 3, 4)), (4096, (16, 512, 4, 3, 2)),
+                      (100, (16, 32, 4, 1, 3))]:
+        split, per_split = narrow[4], -(-(-(-k // narrow[4])) // narrow[1]) * narrow[1]
+        wide = triton_ops._wide_tiles(k, 4096)(narrow)
+        assert wide and narrow not in wide
+        for block_n, block_k, _, _, s in wide:
+            assert s == split and block_n > narrow[0]
+            assert -(-(-(-k // s)) // block_k) * block_k == per_split
+
+
 @pytest.mark.parametrize("split", [2, 3])
 def test_split_k_gemv_matches_torch_and_resets_its_counters(split, monkeypatch):
     """Split-K: the last program of a tile adds the partials. Every epilogue, K not a multiple of

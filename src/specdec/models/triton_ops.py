@@ -54,6 +54,9 @@ import triton
 import triton.language as tl
 
 ROWS = 16  # token rows per program: the smallest tensor-core tile, fixed so numerics never depend on n
+# Columns per sum of squares that a GEMV leaves for the next RMSNorm: fixed, not the tile's BLOCK_N,
+# so a wide tile (more columns a program) leaves the very sums a narrow one does.
+SQ_COLS = tl.constexpr(16)
 
 
 # (BLOCK_N, BLOCK_K, warps, stages, split-K): the tiles the tuner tries for each matrix shape.
@@ -216,26 +219,70 @@ def _split_k_sum(a0, b0, a1, b1, a2, b2, a3, b3, rm, part_ptr, count_ptr, split,
 
 
 @triton.jit
-def _rstd(sq_ptr, rm, row_ok, T, eps, D, T_BLOCK: tl.constexpr):
-    """1 / rms of rows rm of a [M, D] input from its T per-tile sums of squares (sq: [M, T]):
-    RMSNorm without a kernel of its own (the kernel that wrote the input left them). sq is row-major
-    so that this load has one layout, hence one order of the sum, whatever M is: laid out [T, M], its
-    layout followed M's specialisation (M = 1 against 9), and on an H200 a verify pass then no longer
-    gave single steps' bits."""
+def _halve(v, R: tl.constexpr, N: tl.constexpr):
+    """[R, N] -> [R, N // 2]: neighbours 2j and 2j + 1 added. Each add has two operands, and a + b is
+    b + a bit for bit, so the result cannot depend on how Triton lays v out over threads."""
+    a, b = tl.split(tl.reshape(v, [R, N // 2, 2]))
+    return a + b
+
+
+@triton.jit
+def _tree_sum(v, R: tl.constexpr, N: tl.constexpr):
+    """Row sums of v [R, N] (N a power of two, at most 1024) in a fixed pairwise tree -> [R].
+    tl.sum's order follows the layout, which follows the kernel's warps and tile; this order does
+    not, so a sum feeding a row's numerics is the same in every tile that computes that row."""
+    if N >= 1024:
+        v = _halve(v, R, 1024)
+    if N >= 512:
+        v = _halve(v, R, 512)
+    if N >= 256:
+        v = _halve(v, R, 256)
+    if N >= 128:
+        v = _halve(v, R, 128)
+    if N >= 64:
+        v = _halve(v, R, 64)
+    if N >= 32:
+        v = _halve(v, R, 32)
+    if N >= 16:
+        v = _halve(v, R, 16)
+    if N >= 8:
+        v = _halve(v, R, 8)
+    if N >= 4:
+        v = _halve(v, R, 4)
+    if N >= 2:
+        v = _halve(v, R, 2)
+    return tl.reshape(v, [R])
+
+
+@triton.jit
+def _rstd(sq_ptr, rm, row_ok, T, eps, D, BLOCK_M: tl.constexpr, T_BLOCK: tl.constexpr):
+    """1 / rms of rows rm of a [M, D] input from its T per-chunk sums of squares (sq: [M, T]):
+    RMSNorm without a kernel of its own (the kernel that wrote the input left them), summed in a
+    fixed tree (_tree_sum), so the GEMV's tile and warps never change a row's rstd."""
     t = tl.arange(0, T_BLOCK)
     parts = tl.load(sq_ptr + rm[:, None] * T + t[None, :], mask=row_ok[:, None] & (t < T)[None, :], other=0.0)
-    return 1.0 / tl.sqrt(tl.sum(parts, axis=1) / D + eps)
+    return 1.0 / tl.sqrt(_tree_sum(parts, BLOCK_M, T_BLOCK) / D + eps)
+
+
+@triton.jit
+def _chunk_squares(o32, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Sums of squares of o32 [BLOCK_M, BLOCK_N] over each SQ_COLS columns -> [BLOCK_M, BLOCK_N //
+    SQ_COLS], each in a fixed tree: the same chunks and bits whatever BLOCK_N the tile has."""
+    per: tl.constexpr = BLOCK_N // SQ_COLS
+    flat = tl.reshape(o32 * o32, [BLOCK_M * per, SQ_COLS])
+    return tl.reshape(_tree_sum(flat, BLOCK_M * per, SQ_COLS), [BLOCK_M, per])
 
 
 @triton.jit
 def _gemv_epilogue(acc, acc_up, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm, rn, col_ok,
                    M, N, T_in, eps, K, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr,
-                   NORMED: tl.constexpr, EMIT: tl.constexpr, T_BLOCK: tl.constexpr):
+                   NORMED: tl.constexpr, EMIT: tl.constexpr, T_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
     """One row group's output: the norm's rstd (NORMED), bias, silu(gate) * up, residual, then y
     (and with EMIT y * g and y's sums of squares for the next NORMED GEMV)."""
     row_ok = rm < M
     if NORMED:
-        rstd = _rstd(sq_in_ptr, rm, row_ok, T_in, eps, K, T_BLOCK)[:, None]
+        rstd = _rstd(sq_in_ptr, rm, row_ok, T_in, eps, K, BLOCK_M, T_BLOCK)[:, None]
         acc *= rstd
         acc_up *= rstd
     dtype = y_ptr.dtype.element_ty
@@ -252,11 +299,15 @@ def _gemv_epilogue(acc, acc_up, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_pt
         res = tl.load(r_ptr + ptrs, mask=mask, other=0.0).to(tl.float32)
         out = (res + out.to(tl.float32)).to(dtype)
     tl.store(y_ptr + ptrs, out, mask=mask)
-    if EMIT:  # the next RMSNorm's input: y * its weight, and y's sum of squares over this tile's columns
+    if EMIT:  # the next RMSNorm's input: y * its weight, and y's sums of squares per SQ_COLS columns
         o32 = tl.where(mask, out.to(tl.float32), 0.0)
         g = tl.load(g_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
         tl.store(scaled_ptr + ptrs, (o32 * g[None, :]).to(dtype), mask=mask)
-        tl.store(sq_out_ptr + rm * tl.num_programs(1) + tl.program_id(1), tl.sum(o32 * o32, axis=1), mask=row_ok)
+        per: tl.constexpr = BLOCK_N // SQ_COLS
+        chunk = tl.program_id(1) * per + tl.arange(0, per)
+        t_out = tl.cdiv(N, SQ_COLS)
+        tl.store(sq_out_ptr + rm[:, None] * t_out + chunk[None, :], _chunk_squares(o32, BLOCK_M, BLOCK_N),
+                 mask=row_ok[:, None] & (chunk < t_out)[None, :])
 
 
 @triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})
@@ -271,8 +322,8 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, sq_in_ptr, g_ptr, scaled_ptr
 
     NORMED: x is rms_norm's input times the norm weight, and the accumulator is scaled by each
     row's rstd (from the sums of squares sq_in, [M, T_in]) before rounding: rms_norm(x0) @ w.T =
-    rstd * ((x0 * g) @ w.T). EMIT: also write y * g and y's sums of squares per column tile
-    ([M, N / BLOCK_N]), the next NORMED GEMV's inputs. SPLIT > 1 (split-K, for matrices too small to
+    rstd * ((x0 * g) @ w.T). EMIT: also write y * g and y's sums of squares per SQ_COLS columns
+    ([M, N / SQ_COLS]), the next NORMED GEMV's inputs. SPLIT > 1 (split-K, for matrices too small to
     keep every SM streaming): see _split_k_sum. GROUPS: row groups of BLOCK_M per program (_gemv_loop)."""
     pid_m, pid_n, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * (GROUPS * BLOCK_M) + tl.arange(0, BLOCK_M)
@@ -288,27 +339,31 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, sq_in_ptr, g_ptr, scaled_ptr
                                                         split, BLOCK_M, BLOCK_N, SWIGLU, SPLIT, GROUPS)
     if done:
         _gemv_epilogue(a0, b0, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm, rn, col_ok,
-                       M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK)
+                       M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK,
+                       BLOCK_M, BLOCK_N)
         if GROUPS > 1:
             _gemv_epilogue(a1, b1, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm + BLOCK_M, rn,
-                           col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK)
+                           col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK,
+                       BLOCK_M, BLOCK_N)
         if GROUPS > 2:
             _gemv_epilogue(a2, b2, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm + 2 * BLOCK_M,
-                           rn, col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK)
+                           rn, col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK,
+                       BLOCK_M, BLOCK_N)
             _gemv_epilogue(a3, b3, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm + 3 * BLOCK_M,
-                           rn, col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK)
+                           rn, col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK,
+                       BLOCK_M, BLOCK_N)
 
 
 @triton.jit
 def _qkv_epilogue(acc1, acc2, rm, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr, q_ptr,
                   k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H: tl.constexpr, HKV: tl.constexpr,
-                  HD: tl.constexpr, HAS_BIAS: tl.constexpr, T_BLOCK: tl.constexpr):
+                  HD: tl.constexpr, HAS_BIAS: tl.constexpr, T_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr):
     """One row group of q/k/v: rstd, bias, RoPE at each row's position, then q out or k/v to the cache."""
     half: tl.constexpr = HD // 2
     rn = head * HD + d
     row_ok = rm < M
     dtype = q_ptr.dtype.element_ty
-    rstd = _rstd(sq_ptr, rm, row_ok, T_in, eps, K, T_BLOCK)[:, None]
+    rstd = _rstd(sq_ptr, rm, row_ok, T_in, eps, K, BLOCK_M, T_BLOCK)[:, None]
     y1 = acc1 * rstd
     y2 = acc2 * rstd
     if HAS_BIAS:
@@ -368,15 +423,15 @@ def _qkv_rope_kernel(x_ptr, w_ptr, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, sl
                                                         split, BLOCK_M, BLOCK_N, True, SPLIT, GROUPS)
     if done:
         _qkv_epilogue(a0, b0, rm, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr, q_ptr, k_cache_ptr,
-                      v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK)
+                      v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK, BLOCK_M)
         if GROUPS > 1:
             _qkv_epilogue(a1, b1, rm + BLOCK_M, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr, q_ptr,
-                          k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK)
+                          k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK, BLOCK_M)
         if GROUPS > 2:
             _qkv_epilogue(a2, b2, rm + 2 * BLOCK_M, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr,
-                          q_ptr, k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK)
+                          q_ptr, k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK, BLOCK_M)
             _qkv_epilogue(a3, b3, rm + 3 * BLOCK_M, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr,
-                          q_ptr, k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK)
+                          q_ptr, k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK, BLOCK_M)
 
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -466,7 +521,6 @@ def _gemv(x: torch.Tensor | NormInput, w, bias, residual, swiglu: bool, next_nor
     t_in = normed.sq.shape[1] if normed is not None else 1
     operands = (bias, None if residual is None else residual.contiguous(), None if normed is None else normed.sq,
                 next_norm)
-    out = {}
 
     def launch(weight, tile):
         block_n, block_k, warps, stages, split = tile
@@ -476,7 +530,8 @@ def _gemv(x: torch.Tensor | NormInput, w, bias, residual, swiglu: bool, next_nor
         groups = row_groups(m, block_k)
         grid = (triton.cdiv(m, ROWS * groups), triton.cdiv(n, block_n), split)
         scaled = torch.empty_like(y) if next_norm is not None else y
-        sq_out = torch.empty(m, grid[1], dtype=torch.float32, device=x.device) if next_norm is not None else y
+        sq_out = y if next_norm is None else torch.empty(m, triton.cdiv(n, SQ_COLS), dtype=torch.float32,
+                                                         device=x.device)
         b, res, sq, g = (y if a is None else a for a in operands)  # unused operands: any pointer (never read)
         _gemv_kernel[grid](
             x, weight, b, res, y, sq, g, scaled, sq_out, _split_parts(grid, groups, block_n, x.device),
@@ -484,25 +539,46 @@ def _gemv(x: torch.Tensor | NormInput, w, bias, residual, swiglu: bool, next_nor
             0.0 if normed is None else normed.eps, **flags, PRECISION=_precision(x), BLOCK_M=ROWS, BLOCK_N=block_n,
             BLOCK_K=block_k, SPLIT=split, T_BLOCK=triton.next_power_of_2(t_in), GROUPS=groups, num_warps=warps,
             num_stages=_stages(tile, groups, swiglu, x.element_size()), **_launch_options(x.device))
-        out.update(y=y, scaled=scaled, sq=sq_out)
-        return y
+        return y, scaled, sq_out
+
+    def rerun(rows: int) -> None:  # the same call on `rows` rows made of these (see _rows_like)
+        _gemv(_rows_like(normed or x, rows), w, bias, None if residual is None else _rows_like(residual, rows),
+              swiglu, next_norm)
 
     key = (n, k, tuple(flags.values()), x.dtype, x.device)
-    if key not in _chosen_tiles:
-        if m > 1 and not _INTERPRETED:  # tuned for a single-token step, whatever pass comes first
-            _gemv(_first_row(normed or x), w, bias, None if residual is None else residual[:1], swiglu, next_norm)
-        else:
-            _chosen_tiles[key] = INTERPRETER_TILE if _INTERPRETED else _tune(launch, w)
-    launch(w, _chosen_tiles[key])
-    return out["y"], out["scaled"], out["sq"]
+    return launch(w, _tile_for(key, m, launch, w, rerun, TILES, _wide_tiles(k, n), launch))
 
 
-def _first_row(x: torch.Tensor | NormInput) -> torch.Tensor | NormInput:
-    """A one-row input like x: the tile tuner times the single-token steps that decode is made of
-    (a tile chosen on a long prefill pass ran a 1-row step of the 8B model 35% slower on an H200)."""
+def _rows_like(x: torch.Tensor | NormInput, rows: int) -> torch.Tensor | NormInput:
+    """An input like x of `rows` rows (x's rows repeated, or its first rows): what a tile is tuned on."""
     if isinstance(x, NormInput):
-        return NormInput(x.scaled[:1], x.sq[:1], x.eps)
-    return x[:1]
+        return NormInput(_rows_like(x.scaled, rows), _rows_like(x.sq, rows), x.eps)
+    return x[torch.arange(rows, device=x.device) % x.shape[0]]
+
+
+def _tile_for(key: tuple, m: int, launch, w: torch.Tensor, rerun, narrow_tiles: list[tuple],
+              wide_tiles, outputs) -> tuple:
+    """The tile of a pass of m rows through this matrix: the narrow tile, tuned on a single-token
+    step (a tile chosen on a long prefill pass ran a 1-row step of the 8B model 35% slower on an
+    H200), up to ROWS rows; beyond, the wide tile, tuned on WIDE_ROWS rows among the candidates
+    that give every row the narrow tile's bits (_tune_wide). rerun(rows) makes the same call on
+    `rows` rows, so that each is tuned on the pass it serves, whatever pass comes first; outputs(w,
+    tile) launches and returns everything the launch wrote for its rows."""
+    if key not in _chosen_tiles:
+        if m > 1 and not _INTERPRETED:
+            rerun(1)
+        else:
+            _chosen_tiles[key] = INTERPRETER_TILE if _INTERPRETED else _tune(launch, w, narrow_tiles)
+    narrow = _chosen_tiles[key]
+    if m <= ROWS or _INTERPRETED:
+        return narrow
+    wide = key + ("wide",)
+    if wide not in _chosen_tiles:
+        if m != WIDE_ROWS:
+            rerun(WIDE_ROWS)
+        else:
+            _chosen_tiles[wide] = _tune_wide(launch, outputs, w, narrow, wide_tiles(narrow))
+    return _chosen_tiles[wide]
 
 
 def gemv(x: torch.Tensor | NormInput, w: torch.Tensor, bias: torch.Tensor | None = None,
@@ -528,34 +604,80 @@ def cold_copies(w: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _tune(launch, w: torch.Tensor, tiles: list[tuple] = TILES) -> tuple:
-    """The fastest tile for this matrix shape, timed as the model runs it: inside a CUDA graph
-    (no host launch cost, which would swamp a 5-us kernel) and streaming weights that are not in
-    L2 (copies cycled through, 64 MB or more in all). Keyed on the shape, never on the row count,
-    so every step of a model uses one tile (the exactness above needs that)."""
+    """The fastest tile for this matrix shape, timed as the model runs it (_time_tile). Keyed on
+    the shape, never on the row count, so every step of a model uses one tile (the exactness
+    above needs that)."""
     if torch.cuda.is_current_stream_capturing():  # cannot time inside someone's capture: the first tile
         return tiles[0]
     copies = cold_copies(w)
     timings = {}
     for tile in tiles:
         try:
-            launch(w, tile)  # compile outside the capture
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for _ in range(2):
-                    for weight in copies:
-                        launch(weight, tile)
-            graph.replay()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(5):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            timings[tile] = start.elapsed_time(end)
+            timings[tile] = _time_tile(launch, copies, tile)
         except Exception:  # noqa: BLE001 - a tile that does not fit this GPU (shared memory, registers)
             continue
     if not timings:
         raise RuntimeError("no GEMV tile compiled on this GPU")
+    return min(timings, key=timings.get)
+
+
+def _time_tile(launch, copies: list[torch.Tensor], tile: tuple) -> float:
+    """Milliseconds of 10 launches of `tile` inside a CUDA graph (no host launch cost, which would
+    swamp a 5-us kernel), streaming weights that are not in L2 (copies cycled through)."""
+    launch(copies[0], tile)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(2):
+            for weight in copies:
+                launch(weight, tile)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+WIDE_ROWS = 64  # the pass a wide tile is tuned on (batched decode: 16 to 320 rows)
+# (matrix key) -> (candidates that gave the narrow tile's bits, candidates that compiled): for reports
+wide_checks: dict[tuple, tuple[int, int]] = {}
+
+
+def _wide_tiles(k: int, n: int, block_ns: tuple[int, ...] = (64, 128)):
+    """The wide candidates for a narrow tile: more columns a program (BLOCK_N) so that the rows' x
+    tiles, read again by every column tile, cost less than the weights, with the narrow tile's
+    split-K slices (the same k boundaries, so the same partial sums). A row's arithmetic then
+    differs from the narrow tile's only in how Triton issues it; _tune_wide checks the bits."""
+    def candidates(narrow: tuple) -> list[tuple]:
+        _, bk0, _, _, split = narrow
+        per_split = triton.cdiv(triton.cdiv(k, split), bk0) * bk0
+        tiles = [(bn, bk, warps, 4, split) for bn in block_ns if bn <= max(n, 16) for bk in sorted({bk0, 128})
+                 for warps in (4, 8) if triton.cdiv(triton.cdiv(k, split), bk) * bk == per_split]
+        return [t for t in tiles if t != narrow]
+    return candidates
+
+
+def _tune_wide(launch, outputs, w: torch.Tensor, narrow: tuple, candidates: list[tuple]) -> tuple:
+    """The fastest of the narrow tile and those candidates whose every output is bit for bit the
+    narrow tile's on this pass of WIDE_ROWS rows: a batch then never changes a row's numbers
+    (rule 6), and a candidate that would (another instruction, another order) is never used."""
+    if torch.cuda.is_current_stream_capturing():
+        return narrow
+    expected = [t.clone() for t in outputs(w, narrow)]
+    copies = cold_copies(w)
+    timings = {narrow: _time_tile(launch, copies, narrow)}
+    compiled = 0
+    for tile in candidates:
+        try:
+            got = outputs(w, tile)
+            compiled += 1
+            if all(torch.equal(a, b) for a, b in zip(got, expected)):
+                timings[tile] = _time_tile(launch, copies, tile)
+        except Exception:  # noqa: BLE001 - a tile that does not fit this GPU (shared memory, registers)
+            continue
+    wide_checks[(w.shape, narrow)] = (len(timings) - 1, compiled)
     return min(timings, key=timings.get)
 
 
@@ -585,14 +707,18 @@ def qkv_rope(inp: NormInput, w: torch.Tensor, bias: torch.Tensor | None, cos: to
             num_stages=_stages(tile, groups, True, x.element_size()), **_launch_options(x.device))
         return q
 
+    def outputs(weight, tile):  # everything the launch writes for these rows, for _tune_wide's check
+        return launch(weight, tile), k_cache.index_select(1, slots), v_cache.index_select(1, slots)
+
+    def rerun(rows: int) -> None:  # these rows repeated: rewrites their k, v with the same values
+        qkv_rope(_rows_like(inp, rows), w, bias, cos, sin, _rows_like(rope, rows), _rows_like(slots, rows), k_cache,
+                 v_cache, n_heads, n_kv_heads)
+
     key = ("qkv-rope", heads * hd, k, hd, bias is not None, x.dtype, x.device)
-    if key not in _chosen_tiles:  # a tile holds columns of one half of a head: BLOCK_N divides hd / 2
-        if m > 1 and not _INTERPRETED:  # tuned at one row (see _first_row); it rewrites row 0's k, v alike
-            qkv_rope(_first_row(inp), w, bias, cos, sin, rope[:1], slots[:1], k_cache, v_cache, n_heads, n_kv_heads)
-        else:
-            tiles = [t for t in TILES if (hd // 2) % t[0] == 0]
-            _chosen_tiles[key] = INTERPRETER_TILE if _INTERPRETED else _tune(launch, w, tiles)
-    return launch(w, _chosen_tiles[key])
+    half = hd // 2  # a tile holds columns of one half of a head: BLOCK_N divides hd / 2
+    tiles = [t for t in TILES if half % t[0] == 0]
+    wide = _wide_tiles(k, half, tuple(b for b in (32, 64) if half % b == 0))
+    return launch(w, _tile_for(key, m, launch, w, rerun, tiles, wide, outputs))
 
 
 @triton.jit
