@@ -10,7 +10,7 @@ import torch
 
 from specdec import clock as clock_module
 from specdec.clock import PhaseClock
-from specdec.transfers import TokenReader, token_tensor
+from specdec.transfers import HostRead, token_tensor
 from specdec.drafters import LookupDrafter, ModelDrafter, NoDrafter
 from specdec.engine import Engine, GenerationConfig, SpecStats
 from specdec.sampling import SamplingParams
@@ -124,10 +124,7 @@ def test_phase_clock_charges_each_lap_to_its_phase(monkeypatch):
 
 def test_token_helpers_on_cpu():
     assert token_tensor([3, 1, 4], CPU).tolist() == [3, 1, 4]
-    reader = TokenReader(CPU)
-    reader.send(torch.tensor(7))
-    reader.send(torch.tensor(9))
-    assert (reader.receive(), reader.receive()) == (7, 9)
+    assert HostRead(torch.tensor([7, 9])).values() == [7, 9]
 
 
 def test_closing_mid_stream_with_a_step_queued_leaves_the_next_generation_exact(tiny_target):

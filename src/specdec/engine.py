@@ -15,7 +15,7 @@ from typing import Iterator
 import torch
 
 from specdec.clock import PhaseClock
-from specdec.transfers import TokenReader, token_tensor
+from specdec.transfers import HostRead, token_tensor
 from specdec.drafters.base import Drafter, empty_draft
 from specdec.errors import InvalidRequestError, UnsupportedHereError
 from specdec.models.base import CausalLM
@@ -261,15 +261,14 @@ class Engine:
         prompt_len = len(context)
         text_checked = 0
         no_drafts = empty_draft(self.target.device).tokens
-        reader = TokenReader(self.target.device)
         token = self._plain_step(self._tensor(context[-1:]), no_drafts, params, generator)
-        reader.send(token)
+        read = HostRead(token.reshape(1))
         while True:
             last = len(context) + 1 - prompt_len >= config.max_new_tokens  # no step may follow this token
             if not last:
                 ahead = self._plain_step(token.reshape(1), no_drafts, params, generator)
-                reader.send(ahead)
-            context.append(reader.receive())
+                ahead_read = HostRead(ahead.reshape(1))
+            context.append(read.values()[0])
             clock.lap("verify_time")
             reason = self._finish_reason(context, prompt_len, config, text_checked)
             if reason and not last:
@@ -282,7 +281,7 @@ class Engine:
                 return
             text_checked = len(context) - prompt_len
             clock.lap(None)  # time spent by the consumer is not ours
-            token = ahead
+            token, read = ahead, ahead_read
 
     def _plain_step(self, pending: torch.Tensor, no_drafts: torch.Tensor, params: SamplingParams,
                     generator) -> torch.Tensor:

@@ -169,12 +169,17 @@ def ragged_outcome(
     return num_accepted, next_token
 
 
-def read_ragged_round(num_accepted: torch.Tensor, next_token: torch.Tensor, draft_tokens: torch.Tensor,
-                      offsets: Sequence[int]) -> list[tuple[Verdict, list[int]]]:
-    """The host's one read of a ragged round (ragged_outcome's layout): per sequence, its verdict
-    and its kept drafts. num_accepted, next_token: [B]; draft_tokens: [D]; offsets: [B + 1] host ints."""
+def ragged_round_values(num_accepted: torch.Tensor, next_token: torch.Tensor,
+                        draft_tokens: torch.Tensor) -> torch.Tensor:
+    """What the host reads of a ragged round (ragged_outcome's layout), as one tensor [2B + D] for
+    one copy: num_accepted [B], next_token [B], draft_tokens [D]."""
+    return torch.cat([num_accepted, next_token, draft_tokens])
+
+
+def parse_ragged_round(values: list[int], offsets: Sequence[int]) -> list[tuple[Verdict, list[int]]]:
+    """ragged_round_values read on the host: per sequence, its verdict and its kept drafts.
+    offsets: [B + 1] host ints, ragged_outcome's."""
     b = len(offsets) - 1
-    values = torch.cat([num_accepted, next_token, draft_tokens]).tolist()
     drafts = values[2 * b:]
     rounds = []
     for i, (n, token) in enumerate(zip(values[:b], values[b:2 * b])):
