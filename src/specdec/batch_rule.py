@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from specdec.drafters.base import Draft
-from specdec.engine import EmittedToken, GenerationConfig
+from specdec.generation import EmittedToken, GenerationConfig
 from specdec.models.slots import RaggedOutput
 from specdec.sampling import SamplingParams, token_logprobs, warp_ragged
 from specdec.transfers import HostRead

@@ -9,11 +9,11 @@ with its own sampling and generator), each slot is rolled back to its true text,
 are emitted. Sequences join between steps (in FIFO order while no slot is free) and leave when
 done, freeing their slot.
 
-Per sequence, the invariant and the order of work are engine.Engine's (the slot holds the emitted
-text minus its pending token; draft, verify, keep a prefix, emit one more; the same draws from the
-sequence's own generator in the same order), and a slot's rows do not depend on the others: so a
-sequence's tokens are the ones it gets alone, whatever shares its batch and whenever it arrived
-(rule 6 of the design).
+Per sequence: the slot holds the emitted text minus its pending token (the newest, which the next
+verify feeds first); draft, verify, keep a prefix, emit one more; the draws come from the
+sequence's own generator in the same order whatever the batch; and a slot's rows do not depend on
+the others: so a sequence's tokens are the ones it gets alone, whatever shares its batch and
+whenever it arrived (rule 6 of the design). A single sequence is a batch of one (engine.Engine).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 
 from specdec.batch_rule import StepRule, queue_rule, with_logprobs
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
-from specdec.engine import EmittedToken, GenerationConfig, Origin, SpecStats
+from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
 from specdec.speculation import SpeculationPolicy, StepDecision, choose_ks, measure_verify_cost
@@ -238,7 +238,8 @@ class BatchedEngine:
         (a fresh instance, never shared), else one from drafter_factory."""
         check_request(prompt, config, self.target.max_length, self.decode)
         drafter = self.drafter_factory() if drafter is None else drafter
-        if any(s.drafter is drafter for s in itertools.chain(self._running, self._waiting)):
+        # A cancelled sequence's drafter is free: it ends (Drafter.end) before the next admission begins it.
+        if any(s.drafter is drafter and not s.handle.cancelled for s in itertools.chain(self._running, self._waiting)):
             raise ValueError("this drafter already drafts for another sequence: give each sequence its own")
         handle = SequenceHandle(self, next(self._ids), listener)
         generator = config.sampling.make_generator(self.target.device)
@@ -476,7 +477,7 @@ class BatchedEngine:
 
 
 def check_request(prompt: list[int], config: GenerationConfig, max_length: int, decode) -> None:
-    """The InvalidRequestError that engine.Engine raises for a request it cannot serve, or nothing."""
+    """The InvalidRequestError for a request the engine cannot serve, or nothing."""
     if not prompt:
         raise InvalidRequestError("the prompt is empty: give at least one token of text")
     if config.stop and decode is None:

@@ -2,8 +2,7 @@
 
 On a GPU a blocking copy (torch.tensor(ids, device="cuda"), int(tensor), indexing with a 0-d tensor)
 waits for every kernel queued before it, so the GPU idles while Python queues the next ones. These
-helpers send ids, read tokens back and index by a device tensor without that wait (the PhaseClock
-in clock.py times the phases in the same spirit).
+helpers send ids, read tokens back and index by a device tensor without that wait.
 """
 
 from __future__ import annotations
