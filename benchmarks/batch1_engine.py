@@ -6,11 +6,12 @@ A random-weight NativeLlama (bf16 on CUDA) decodes `--tokens` new tokens greedil
 `--context`-token prompt, no draft. Printed, as the median of `--runs` alternating runs, in decode
 tokens/s (SpecStats.tokens_per_second: prefill excluded, as `specdec generate` reports it):
 
-- engine:            Engine(target, NoDrafter): the target as a one-slot NativeSlots (slot_model_for),
-                     pipelined plain steps on (the default on CUDA);
+- engine:              Engine(target, NoDrafter): the batched loop over the target's own cache as
+                       its one slot (models.slots.own_cache_slot, the NativeLlama's graphed
+                       single-sequence kernels), pipelined plain steps on (the default on CUDA);
 - engine, no pipeline: the same with Engine(..., overlap=False): one blocking read a step;
-- own cache:         the same loop over the NativeLlama itself as the one slot (LoopSlots), its own
-                     graphed single-sequence kernels: tells the slot model's cost from the loop's.
+- one-slot NativeSlots: the same loop over slot_model_for(target, 1), the server's ragged path
+                       (fused kernels, a plan a step), pipelined: tells that path's cost at batch 1.
 
 On the H200 the single-sequence engine before this change decoded 235-237 tok/s here
 (docs/batching.md); compare the `engine` line with that. A smoke run on a CPU:
@@ -26,7 +27,7 @@ from specdec.batching import BatchConfig, BatchedEngine
 from specdec.drafters.none import NoDrafter
 from specdec.engine import Engine, GenerationConfig
 from specdec.models.native_llama import NativeLlama
-from specdec.models.slots import LoopSlots
+from specdec.models.slots import slot_model_for
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,9 +41,9 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def own_cache_engine(llama: NativeLlama, pipeline: bool):
-    """generate(prompt, config) through the batched loop over the llama's own cache as its one slot."""
-    batch = BatchedEngine(LoopSlots(lambda: llama, 1), lambda: NoDrafter(llama.device),
+def native_slots_engine(llama: NativeLlama, pipeline: bool):
+    """generate(prompt, config) through the batched loop over a one-slot NativeSlots sharing the llama's weights."""
+    batch = BatchedEngine(slot_model_for(llama, 1), lambda: NoDrafter(llama.device),
                           config=BatchConfig(prefill_chunk=llama.max_length, pipeline=pipeline))
     return lambda prompt, config: batch.generate([prompt], config)[0]
 
@@ -57,7 +58,7 @@ def main() -> None:
     config = GenerationConfig(max_new_tokens=args.tokens, k=1, ignore_eos=True)
     runs = {"engine": Engine(llama, NoDrafter(llama.device)).generate,
             "engine, no pipeline": Engine(llama, NoDrafter(llama.device), overlap=False).generate,
-            "own cache": own_cache_engine(llama, pipeline=cuda)}
+            "one-slot NativeSlots": native_slots_engine(llama, pipeline=cuda)}
     rates, tokens = {name: [] for name in runs}, {}
     with torch.inference_mode():
         for run in runs.values():  # the first passes of each row count capture their CUDA graphs

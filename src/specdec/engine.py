@@ -1,9 +1,14 @@
 """One sequence at a time: the single-sequence face of the batched engine.
 
 There is one round loop, batching.BatchedEngine's, for every drafter and every batch size; an
-Engine is a batch of one over it: its target held as a slot model of one slot (models.slots.
-slot_model_for), its one drafter lent to each request in turn. So the invariant between rounds, the
-rollback of rejected tokens and the pipelined plain steps are the batched engine's (batching.py).
+Engine is a batch of one over it: its target's own cache is the one slot (models.slots.
+own_cache_slot), its one drafter is lent to each request in turn. So the invariant between rounds,
+the rollback of rejected tokens and the pipelined plain steps are the batched engine's (batching.py).
+
+Why the target's own cache rather than a one-slot NativeSlots: engines over one target share it, as
+they always shared the target's cache (the plain baseline of `--compare` and of the benchmarks runs
+on graphs the speculative run already captured), no second cache is allocated, and any CausalLM can
+be a target (a tensor-parallel one holds its cache across its ranks' processes).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from specdec.drafters.base import Drafter
 from specdec.errors import UnsupportedHereError
 from specdec.generation import EmittedToken, Generation, GenerationConfig, Origin, SpecStats
 from specdec.models.base import CausalLM
-from specdec.models.slots import slot_model_for
+from specdec.models.slots import own_cache_slot
 
 __all__ = ["EmittedToken", "Engine", "Generation", "GenerationConfig", "Origin", "SpecStats"]
 
@@ -38,8 +43,7 @@ class Engine:
         self.decode = decode
         # The whole prompt in one chunk: at batch 1 no other sequence waits behind it.
         config = BatchConfig(prefill_chunk=target.max_length, pipeline=overlap)
-        self._batch = BatchedEngine(slot_model_for(target, max_slots=1), lambda: drafter, self.eos_token_ids,
-                                    decode, config)
+        self._batch = BatchedEngine(own_cache_slot(target), lambda: drafter, self.eos_token_ids, decode, config)
         self._current: SequenceHandle | None = None
 
     def generate(self, prompt: list[int], config: GenerationConfig) -> Generation:
@@ -54,12 +58,14 @@ class Engine:
         handle = self._batch.submit(prompt, config, drafter=self.drafter)
         self._current = handle
         generation = Generation(iter(()), handle.stats)
-        generation._tokens = _tokens_of(handle, generation)
+        generation._tokens = self._tokens(handle, generation)
         return generation
 
-
-def _tokens_of(handle: SequenceHandle, generation: Generation) -> Iterator[EmittedToken]:
-    """The handle's tokens (iterating it steps the engine; closing this cancels the sequence), then
-    its finish reason on the generation."""
-    yield from handle
-    generation.finish_reason = handle.finish_reason
+    def _tokens(self, handle: SequenceHandle, generation: Generation) -> Iterator[EmittedToken]:
+        """The handle's tokens (iterating it steps the engine; closing this cancels the sequence), then
+        its finish reason on the generation. The slot is the target's own cache, which whatever ran
+        on the target since the last generation (a reference decoding, a drafter's recording) may
+        have filled: it is emptied first, as a slot starts empty."""
+        self.target.reset()
+        yield from handle
+        generation.finish_reason = handle.finish_reason

@@ -157,8 +157,8 @@ def check_ragged(model: SlotModel, slots: Sequence[int], tokens: Sequence[torch.
 
 def slot_model_for(model: CausalLM, max_slots: int, max_length: int | None = None) -> SlotModel:
     """A slot model over a loaded CausalLM's weights: a NativeSlots sharing the native backend's
-    tensors (NativeSlots.sharing), a LoopSlots of caches of their own for transformers; for one slot
-    of any other model, that model with its own cache. max_length: per slot (None: the model's)."""
+    tensors (NativeSlots.sharing), a LoopSlots of caches of their own for transformers.
+    max_length: per slot (None: the model's)."""
     from specdec.errors import UnsupportedHereError
     from specdec.models.native_llama import NativeLlama
     from specdec.models.native_slots import NativeSlots
@@ -168,6 +168,11 @@ def slot_model_for(model: CausalLM, max_slots: int, max_length: int | None = Non
         return NativeSlots.sharing(model, max_slots, length)
     if hasattr(model, "with_own_cache"):
         return LoopSlots(model.with_own_cache, max_slots)
-    if max_slots == 1:  # one sequence needs no cache but the model's own (e.g. a tensor-parallel target's)
-        return LoopSlots(lambda: model, 1)
     raise UnsupportedHereError(f"{model.name} cannot hold several sequences here: use --backend hf or native")
+
+
+def own_cache_slot(model: CausalLM) -> SlotModel:
+    """The model as a slot model of one slot, its own cache the slot: what one sequence needs
+    (engine.Engine). It runs the model's own single-sequence path (on CUDA its captured graphs),
+    holds no second cache, and takes any CausalLM, a tensor-parallel target's included."""
+    return LoopSlots(lambda: model, 1)
