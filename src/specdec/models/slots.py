@@ -124,7 +124,10 @@ class LoopSlots(SlotModel):
             rows.append(out)
             feats.append(feat)
         kept = [r for r in rows if r is not None]
-        flat = torch.cat(kept) if kept else torch.empty(0, self.vocab_size, device=self.device)
+        if len(kept) == 1:  # one sequence's logits as they are: no copy of [n, V] (a batch of one)
+            flat = kept[0]
+        else:
+            flat = torch.cat(kept) if kept else torch.empty(0, self.vocab_size, device=self.device)
         offsets = tuple(accumulate((0 if r is None else r.shape[0] for r in rows), initial=0))
         return RaggedOutput(flat, offsets, tuple(feats))
 
