@@ -11,7 +11,6 @@ import torch
 from specdec.batching import BatchedEngine
 from specdec.drafters import LookupDrafter, ModelDrafter, NoDrafter
 from specdec.engine import Engine, GenerationConfig
-from specdec.errors import InvalidRequestError
 from specdec.models.slots import LoopSlots
 from specdec.sampling import SamplingParams, token_logprobs, warp_logits
 from tests.conftest import VOCAB
@@ -69,6 +68,9 @@ def test_token_logprobs_leaves_out_tokens_p_cannot_draw():
     assert [i for i, _ in top] == [0, 1] and chosen == pytest.approx(float(torch.log_softmax(logits[0, :2], -1)[1]))
 
 
-def test_the_single_sequence_engine_refuses_logprobs(tiny_target):
-    with pytest.raises(InvalidRequestError, match="logprobs"):
-        Engine(tiny_target, NoDrafter(CPU)).generate([1, 2], GenerationConfig(max_new_tokens=2, logprobs=1))
+def test_the_single_sequence_engine_gives_the_batched_engines_logprobs(tiny_target):
+    config = GenerationConfig(max_new_tokens=6, logprobs=2, ignore_eos=True)
+    single = list(Engine(tiny_target, NoDrafter(CPU)).stream(PROMPTS[1], config))
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 1), lambda: NoDrafter(CPU))
+    batched = list(engine.submit(PROMPTS[1], config))
+    assert single == batched and all(t.logprob is not None and len(t.top_logprobs) == 2 for t in single)

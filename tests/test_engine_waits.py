@@ -1,20 +1,17 @@
 """What the host waits for. A speculative round reads the device once (on a GPU every read waits
-for the queue to drain); plain decoding one step ahead (Engine(overlap=True)) gives the tokens of
-one step at a time, stops where they stop, and leaves the cache as the round loop does; the phase
-clock charges time without waiting."""
-
-from types import SimpleNamespace
+for the queue to drain); plain decoding one step ahead (Engine(overlap=True): the batched engine's
+pipelined plain steps) gives the tokens of one step at a time, stops where they stop, and leaves
+nothing behind for the next generation."""
 
 import pytest
 import torch
 
-from specdec import clock as clock_module
-from specdec.clock import PhaseClock
-from specdec.transfers import TokenReader, token_tensor
+from specdec.transfers import HostRead, token_tensor
 from specdec.drafters import LookupDrafter, ModelDrafter, NoDrafter
-from specdec.engine import Engine, GenerationConfig, SpecStats
+from specdec.engine import Engine, GenerationConfig
 from specdec.sampling import SamplingParams
 from tests.conftest import VOCAB
+from tests.markov import MarkovLM
 from tests.test_engine_greedy import PROMPTS, plain_greedy
 
 CPU = torch.device("cpu")
@@ -54,32 +51,25 @@ def test_overlapped_plain_decoding_gives_the_tokens_of_single_steps(tiny_target,
             assert ahead.token_ids == plain_greedy(tiny_target, prompt, 25)
 
 
-def test_a_stop_rolls_back_the_step_queued_past_it(tiny_target):
+def test_a_stop_leaves_the_step_queued_past_it_out_of_the_next_generation(tiny_target):
     prompt = PROMPTS[1]
     expected = plain_greedy(tiny_target, prompt, 20)
     eos = expected[5]
     engine = plain_engine(tiny_target, overlap=True, eos_token_ids=[eos])
     gen = engine.generate(prompt, GenerationConfig(max_new_tokens=20))
     assert gen.token_ids == expected[: expected.index(eos) + 1] and gen.finish_reason == "stop"
-    # The invariant of the round loop: the cache holds the text minus its newest token.
-    assert tiny_target.cache_len == len(prompt) + len(gen.token_ids) - 1
+    assert engine.generate(prompt, GenerationConfig(max_new_tokens=20, ignore_eos=True)).token_ids == expected
     decode = lambda ids: " ".join(f"t{i}" for i in ids)  # noqa: E731
     engine = plain_engine(tiny_target, overlap=True, decode=decode)
     stop = f"t{expected[7]}"
     gen = engine.generate(prompt, GenerationConfig(max_new_tokens=20, stop=(stop,)))
     assert gen.token_ids == expected[: expected.index(expected[7]) + 1] and gen.finish_reason == "stop"
-    assert tiny_target.cache_len == len(prompt) + len(gen.token_ids) - 1
-
-
-def test_a_single_new_token_queues_nothing_ahead(tiny_target):
-    expected = plain_greedy(tiny_target, PROMPTS[0], 1)
-    gen = plain_engine(tiny_target, overlap=True).generate(PROMPTS[0], GenerationConfig(max_new_tokens=1))
-    assert gen.token_ids == expected
-    assert tiny_target.cache_len == len(PROMPTS[0])  # the prompt only: the one step fed its last token
+    assert engine.generate(prompt, GenerationConfig(max_new_tokens=20)).token_ids == expected
 
 
 class CountingLM:
-    """Wraps a CausalLM and counts its forward calls."""
+    """Wraps a CausalLM and counts its forward calls (a MarkovLM: a model without caches to lend,
+    so the engine's one slot is this wrapper itself)."""
 
     def __init__(self, model):
         self._model = model
@@ -93,9 +83,17 @@ class CountingLM:
         return self._model.forward(tokens)
 
 
+def test_a_single_new_token_queues_nothing_ahead():
+    counting = CountingLM(MarkovLM(VOCAB, seed=0))
+    expected = plain_greedy(MarkovLM(VOCAB, seed=0), PROMPTS[0], 1)
+    gen = plain_engine(counting, overlap=True).generate(PROMPTS[0], GenerationConfig(max_new_tokens=1))
+    assert gen.token_ids == expected
+    assert counting.forwards == 1  # the one step fed the prompt's last token; the prefill went through extend
+
+
 @pytest.mark.parametrize("overlap", [True, False])
-def test_the_next_step_is_queued_before_a_token_is_handed_out(tiny_target, overlap):
-    counting = CountingLM(tiny_target)
+def test_the_next_step_is_queued_before_a_token_is_handed_out(overlap):
+    counting = CountingLM(MarkovLM(VOCAB, seed=0))
     gen = plain_engine(counting, overlap=overlap).stream(PROMPTS[1], GenerationConfig(max_new_tokens=6))
     seen = [counting.forwards for _ in gen]  # the prefill goes through the wrapped model's extend
     ahead = [min(i + 2, 6) for i in range(6)] if overlap else [i + 1 for i in range(6)]
@@ -109,25 +107,9 @@ def test_overlap_leaves_drafting_engines_to_the_round_loop(tiny_target):
     assert gen.stats.drafted > 0 and gen.stats.rounds < 40
 
 
-def test_phase_clock_charges_each_lap_to_its_phase(monkeypatch):
-    now = iter([10.0, 10.5, 10.75, 12.0])  # the clock's readings: start, then one per lap
-    monkeypatch.setattr(clock_module, "time", SimpleNamespace(perf_counter=lambda: next(now)))
-    stats = SpecStats()
-    clock = PhaseClock(CPU, stats)
-    clock.lap("draft_time")
-    clock.lap(None)  # e.g. the consumer's time: charged to nobody
-    clock.lap("verify_time")
-    clock.settle(wait=True)
-    assert (stats.draft_time, stats.verify_time, stats.other_time) == (0.5, 1.25, 0.0)
-    assert stats.decode_time == 1.75
-
-
 def test_token_helpers_on_cpu():
     assert token_tensor([3, 1, 4], CPU).tolist() == [3, 1, 4]
-    reader = TokenReader(CPU)
-    reader.send(torch.tensor(7))
-    reader.send(torch.tensor(9))
-    assert (reader.receive(), reader.receive()) == (7, 9)
+    assert HostRead(torch.tensor([7, 9])).values() == [7, 9]
 
 
 def test_closing_mid_stream_with_a_step_queued_leaves_the_next_generation_exact(tiny_target):

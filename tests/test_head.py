@@ -122,12 +122,15 @@ def test_head_learns_the_target(tiny_target, tmp_path):
 
 
 class RecordingHeadDrafter(HeadDrafter):
-    """Remembers each round's drafts with the context length they were drafted at."""
+    """Remembers each round's drafts with the context length they were drafted at (the engine drafts
+    through propose_batch, which propose calls too)."""
 
-    def propose(self, context, k, params, generator):
-        draft = super().propose(context, k, params, generator)
-        self.rounds.append((len(context), draft.tokens.tolist()))
-        return draft
+    @classmethod
+    def propose_batch(cls, drafters, contexts, ks, params, generators):
+        drafts = super().propose_batch(drafters, contexts, ks, params, generators)
+        for drafter, context, draft in zip(drafters, contexts, drafts):
+            drafter.rounds.append((len(context), draft.tokens.tolist()))
+        return drafts
 
 
 def drafts_checked_against_training(model, head: DraftHead, prompt: list[int], k: int) -> int:

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from specdec.sampling import SamplingParams, warp_logits, warp_ragged
-from specdec.verify import greedy_outcome, ragged_outcome, read_ragged_round, sampled_outcome
+from specdec.verify import greedy_outcome, parse_ragged_round, ragged_outcome, ragged_round_values, sampled_outcome
 
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=1.0)
@@ -49,7 +49,8 @@ def settle(rounds: list[Round], generators=None):
     """The host's view of one ragged round: [(Verdict, kept drafts)] per sequence."""
     generators = generators or [torch.Generator().manual_seed(r.seed) for r in rounds]
     num_accepted, next_token, offsets = ragged_call(rounds, generators)
-    return read_ragged_round(num_accepted, next_token, torch.cat([r.drafts for r in rounds]), offsets)
+    values = ragged_round_values(num_accepted, next_token, torch.cat([r.drafts for r in rounds]))
+    return parse_ragged_round(values.tolist(), offsets)
 
 
 def outcomes(rounds, generators=None) -> list[tuple[int, int]]:
@@ -176,7 +177,8 @@ def test_ragged_outcome_reads_nothing_and_the_reader_reads_once(count_reads):
     before = count_reads()  # building one-hot rows reads their range
     num_accepted, next_token, offsets = ragged_call(rounds, [torch.Generator() for _ in rounds])
     assert count_reads() == before
-    read_ragged_round(num_accepted, next_token, torch.cat([r.drafts for r in rounds]), offsets)
+    values = ragged_round_values(num_accepted, next_token, torch.cat([r.drafts for r in rounds]))
+    parse_ragged_round(values.tolist(), offsets)
     assert count_reads() == before + 1
 
 

@@ -9,16 +9,15 @@ with its own sampling and generator), each slot is rolled back to its true text,
 are emitted. Sequences join between steps (in FIFO order while no slot is free) and leave when
 done, freeing their slot.
 
-Per sequence, the invariant and the order of work are engine.Engine's (the slot holds the emitted
-text minus its pending token; draft, verify, keep a prefix, emit one more; the same draws from the
-sequence's own generator in the same order), and a slot's rows do not depend on the others: so a
-sequence's tokens are the ones it gets alone, whatever shares its batch and whenever it arrived
-(rule 6 of the design).
+Per sequence: the slot holds the emitted text minus its pending token (the newest, which the next
+verify feeds first); draft, verify, keep a prefix, emit one more; the draws come from the
+sequence's own generator in the same order whatever the batch; and a slot's rows do not depend on
+the others: so a sequence's tokens are the ones it gets alone, whatever shares its batch and
+whenever it arrived (rule 6 of the design). A single sequence is a batch of one (engine.Engine).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import time
@@ -28,23 +27,30 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from specdec.transfers import token_tensor
+from specdec.batch_rule import StepRule, queue_rule, with_logprobs
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
-from specdec.engine import EmittedToken, GenerationConfig, Origin, SpecStats
+from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
-from specdec.sampling import token_logprobs, warp_ragged
 from specdec.speculation import SpeculationPolicy, StepDecision, choose_ks, measure_verify_cost
-from specdec.verify import Verdict, ragged_outcome, read_ragged_round
+from specdec.transfers import token_tensor
+from specdec.verify import Verdict
 
 
 @dataclass(frozen=True)
 class BatchConfig:
     """How the engine schedules: prefill_chunk is the most prompt tokens a sequence runs in one step;
-    speculation: how many drafts each sequence verifies per step (default: its request's k)."""
+    speculation: how many drafts each sequence verifies per step (default: its request's k).
+
+    pipeline: while every running sequence decodes plainly (a drafter that drafts nothing, no
+    features, no logprobs), queue each step before reading the tokens of the one before, so that the
+    GPU runs a step while the host reads and checks the last one. None: on for a CUDA target, off
+    elsewhere (on a CPU the work is synchronous: there is nothing to overlap, and a finishing
+    sequence would only cost its extra row)."""
 
     prefill_chunk: int = 256
     speculation: SpeculationPolicy = SpeculationPolicy()
+    pipeline: bool | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_chunk < 1:
@@ -132,6 +138,7 @@ class _Sequence:
     prefilled: int = 0  # prompt tokens in the slot so far (the prompt minus its last when done)
     pending: torch.Tensor | None = None  # [1] the newest token, fed first by the next verify
     text_checked: int = 0  # generated tokens already checked for stop strings
+    running: bool = False  # holds a slot (admitted, not yet left)
 
     @property
     def prefilling(self) -> bool:
@@ -141,6 +148,16 @@ class _Sequence:
     def layers(self) -> tuple[int, ...] | None:
         """The feature layers its drafter reads, or None when it reads no features."""
         return self.drafter.feature_layers if self.drafter.needs_target_features else None
+
+    @property
+    def decodes_plainly(self) -> bool:
+        """Every round of it is one plain step whose settling needs nothing but the token."""
+        return self.drafter.drafts_nothing and self.layers is None and self.config.logprobs is None
+
+    @property
+    def next_is_last(self) -> bool:
+        """Whether the token of the step in flight is its last by length (context lags that step)."""
+        return len(self.context) - len(self.prompt) + 1 >= self.config.max_new_tokens
 
     def next_k(self, k: int | None = None) -> int:
         """Drafts this round, at most k (default: its request's): a round emits up to k + 1 tokens,
@@ -156,6 +173,21 @@ class _Unit:
     seq: _Sequence
     tokens: torch.Tensor
     draft: Draft | None
+
+
+@dataclass(frozen=True)
+class _Flight:
+    """A step queued on the device: its units, the forward's output, and the rule's outcome on its
+    way to the host (None when every unit was a prefill chunk)."""
+
+    units: list[_Unit]
+    out: RaggedOutput
+    rule: StepRule | None
+
+    @property
+    def plain(self) -> bool:
+        """Every unit a plain step (a verify of no drafts) of a sequence that decodes plainly."""
+        return all(u.draft is not None and len(u.draft) == 0 and u.seq.decodes_plainly for u in self.units)
 
 
 class BatchedEngine:
@@ -183,6 +215,9 @@ class BatchedEngine:
             self._verify_cost = measure_verify_cost(target, policy.k)
         self._drafting = [0.0, 0]  # seconds spent drafting, tokens asked for: the drafter's cost per token
         self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
+        self._pipeline = target.device.type == "cuda" if config.pipeline is None else config.pipeline
+        self._ahead: _Flight | None = None  # a plain step queued before the one before it was read
+        self._no_draft = empty_draft(target.device)
 
     @property
     def busy(self) -> bool:
@@ -203,7 +238,8 @@ class BatchedEngine:
         (a fresh instance, never shared), else one from drafter_factory."""
         check_request(prompt, config, self.target.max_length, self.decode)
         drafter = self.drafter_factory() if drafter is None else drafter
-        if any(s.drafter is drafter for s in itertools.chain(self._running, self._waiting)):
+        # A cancelled sequence's drafter is free: it ends (Drafter.end) before the next admission begins it.
+        if any(s.drafter is drafter and not s.handle.cancelled for s in itertools.chain(self._running, self._waiting)):
             raise ValueError("this drafter already drafts for another sequence: give each sequence its own")
         handle = SequenceHandle(self, next(self._ids), listener)
         generator = config.sampling.make_generator(self.target.device)
@@ -223,27 +259,70 @@ class BatchedEngine:
 
     def step(self) -> bool:
         """Admit, run every running sequence's next unit in one forward, settle, emit. Returns
-        whether any sequence is still running or waiting."""
+        whether any sequence is still running or waiting. With pipelining a plain step may already
+        be queued: then this call queues the one after it (while the batch stays plain) and settles it."""
         self._drop_cancelled()
         self._admit()
         if not self._running:
             return self.busy
         start = time.perf_counter()
-        units = self._plan()
-        drafted = time.perf_counter()
-        self._drafting[0] += drafted - start
-        out = self.target.forward_ragged([u.seq.slot for u in units], [u.tokens for u in units],
-                                         logits=[u.draft is not None for u in units],
-                                         features=[u.seq.layers for u in units])
-        emitted = self._settle(units, out)
+        flight, self._ahead = self._still_ahead(), None
+        drafted = start
+        if flight is None:
+            units = self._plan()
+            drafted = time.perf_counter()
+            self._drafting[0] += drafted - start
+            flight = self._launch(units)
+        if self._may_pipeline(flight):
+            self._ahead = self._launch_ahead(flight)
+        emitted = self._settle(flight)
         settled = time.perf_counter()
-        self._leave([u.seq for u, (_, reason) in zip(units, emitted) if reason])
+        self._leave([unit.seq for unit, _, reason in emitted if reason])
         phases = (drafted - start, settled - drafted, time.perf_counter() - settled)
-        for unit, (tokens, reason) in zip(units, emitted):
+        for unit, tokens, reason in emitted:
             self._charge(unit, *phases)
             unit.seq.handle.finish_reason = reason
             unit.seq.handle._emit(tokens, finished=reason is not None)  # listeners' time is not ours
         return self.busy
+
+    def _launch(self, units: list[_Unit]) -> _Flight:
+        """Queue a step: one forward over every unit, then the rule over its verifies."""
+        out = self.target.forward_ragged([u.seq.slot for u in units], [u.tokens for u in units],
+                                         logits=[u.draft is not None for u in units],
+                                         features=[u.seq.layers for u in units])
+        rule = queue_rule([u.draft for u in units], [u.seq.config.sampling for u in units],
+                          [u.seq.generator for u in units], out)
+        return _Flight(units, out, rule)
+
+    def _still_ahead(self) -> _Flight | None:
+        """The plain step queued by the last call, unless none of its sequences still runs."""
+        ahead = self._ahead
+        return ahead if ahead is not None and any(u.seq.running for u in ahead.units) else None
+
+    def _may_pipeline(self, flight: _Flight) -> bool:
+        """Whether the next step may be queued before this one is read: it is plain for every running
+        sequence (all are in it) and no waiting sequence could take a slot it frees by length. (A
+        slot freed by an end-of-sequence token goes to a waiting sequence one step later.)"""
+        if not self._pipeline or not flight.plain:
+            return False
+        in_flight = {id(u.seq) for u in flight.units}
+        if not all(id(s) in in_flight for s in self._running):
+            return False  # a sequence admitted since it was queued: it prefills next
+        return not (self._waiting and (self._free or any(s.next_is_last for s in self._running)))
+
+    def _launch_ahead(self, flight: _Flight) -> _Flight | None:
+        """Queue the next plain step, fed with this step's tokens while they are still on the device
+        (the same draws from each generator in the same order as one step at a time). A sequence
+        whose token in flight is its last by length brings no row; one that turns out to stop at it
+        (end of sequence, stop string) leaves with its slot released, the extra row with it."""
+        running = [(i, u.seq) for i, u in enumerate(flight.units) if u.seq.running and not u.seq.next_is_last]
+        if not running:
+            return None
+        units = [_Unit(seq, flight.rule.next_token_of(i), self._no_draft) for i, seq in running]
+        policy = self.config.speculation
+        self.last_decision = StepDecision(policy.mode, tuple(s.handle.request_id for _, s in running),
+                                          (0,) * len(units), len(units))
+        return self._launch(units)
 
     def _drop_cancelled(self) -> None:
         """Cancelled sequences leave: running ones free their slot, waiting ones their place."""
@@ -262,11 +341,13 @@ class BatchedEngine:
             if not seq.prefilling:  # a one-token prompt: its only token is the pending one
                 seq.pending = self._tensor(seq.prompt[-1:])
             seq.handle.stats.prefill_time += time.perf_counter() - start
+            seq.running = True
             self._running.append(seq)
 
     def _leave(self, done: list[_Sequence]) -> None:
         for seq in done:
             self._running.remove(seq)
+            seq.running = False
             seq.drafter.end()  # e.g. its slot of a shared draft cache goes back
             self.target.release(seq.slot)
             heapq.heappush(self._free, seq.slot)
@@ -309,18 +390,23 @@ class BatchedEngine:
                                           plan.predicted_tokens_per_second, plan.plain_tokens_per_second)
         return list(plan.ks)
 
-    def _settle(self, units: list[_Unit], out: RaggedOutput) -> list[tuple[list[EmittedToken], str | None]]:
-        """Each unit's tokens emitted this step and finish reason (None: it goes on)."""
-        rounds = judge(units, out)
+    def _settle(self, flight: _Flight) -> list[tuple[_Unit, list[EmittedToken], str | None]]:
+        """Read the step (its one wait for the device); each unit whose sequence still runs, with its
+        tokens emitted this step and its finish reason (None: it goes on)."""
+        rounds = flight.rule.read() if flight.rule is not None else {}
+        ahead = {id(u.seq) for u in self._ahead.units} if self._ahead is not None else set()
         results = []
-        for i, unit in enumerate(units):
+        for i, unit in enumerate(flight.units):
+            seq, features = unit.seq, flight.out.features[i]
+            if not seq.running:
+                continue  # it left (cancelled, or stopped at the step before) after this step was queued
             if unit.draft is None:
-                results.append(([], self._prefilled(unit, out.features[i])))
-            else:
-                tokens, reason = self._apply(unit.seq, *rounds[i], out.features[i])
-                if unit.seq.config.logprobs is not None:  # only then: a read and a softmax more
-                    tokens = with_logprobs(tokens, out.logits_of(i), unit.seq.config)
-                results.append((tokens, reason))
+                results.append((unit, [], self._prefilled(unit, features)))
+                continue
+            tokens, reason = self._apply(seq, *rounds[i], features, rolled_ahead=id(seq) in ahead)
+            if seq.config.logprobs is not None:  # only then: a read and a softmax more
+                tokens = with_logprobs(tokens, flight.out.logits_of(i), seq.config)
+            results.append((unit, tokens, reason))
         return results
 
     def _prefilled(self, unit: _Unit, features: torch.Tensor | None) -> None:  # never finishes a sequence
@@ -333,12 +419,14 @@ class BatchedEngine:
             seq.pending = self._tensor(seq.prompt[-1:])
 
     def _apply(self, seq: _Sequence, verdict: Verdict, kept: list[int], next_token: torch.Tensor,
-               features: torch.Tensor | None) -> tuple[list[EmittedToken], str | None]:
-        """Keep the verdict's prefix: roll the slot and the drafter back, emit, check for a stop."""
+               features: torch.Tensor | None, rolled_ahead: bool = False) -> tuple[list[EmittedToken], str | None]:
+        """Keep the verdict's prefix: roll the slot and the drafter back, emit, check for a stop.
+        rolled_ahead: the next plain step is already queued; the slot holds its token too, and this
+        plain round has nothing to forget."""
         if features is not None:  # the pending token and the kept drafts are now part of the text
             seq.drafter.observe(features[: verdict.num_accepted + 1])
-        valid = len(seq.context) + verdict.num_accepted
-        self._rollback(seq, valid)
+        if not rolled_ahead:
+            self._rollback(seq, len(seq.context) + verdict.num_accepted)
         seq.pending = next_token.reshape(1)
         origins = [Origin.ACCEPTED] * verdict.num_accepted + [
             Origin.BONUS if verdict.all_accepted else Origin.RECOVERED]
@@ -388,41 +476,8 @@ class BatchedEngine:
         return token_tensor(ids, self.target.device)
 
 
-def judge(units: list[_Unit], out: RaggedOutput) -> dict[int, tuple[Verdict, list[int], torch.Tensor]]:
-    """The rejection rule over every verify of the step in one call, each sequence with its own
-    sampling and generator, and the host's one read: for unit i, (verdict, kept drafts, next token
-    [1] left on the device as the next pending token)."""
-    verify = [i for i, u in enumerate(units) if u.draft is not None]
-    if not verify:
-        return {}
-    drafts = [units[i].draft for i in verify]
-    seqs = [units[i].seq for i in verify]
-    offsets = [0, *(out.offsets[i + 1] for i in verify)]  # a prefill chunk brings no logits rows
-    params = [s.config.sampling for s in seqs]
-    draft_tokens = torch.cat([d.tokens for d in drafts])  # [sum(K_i)]
-    given = [d.q for d in drafts if d.q is not None]
-    q = torch.cat(given) if given else None  # [rows of the sampled drafts, V]
-    q_rows = (0 if d.q is None else len(d) for d in drafts)  # a one-hot draft brings no rows of q
-    q_offsets = list(itertools.accumulate(q_rows, initial=0)) if given else None
-    # The rule reads only the argmax of a greedy sequence's rows: an all-greedy step skips building
-    # one-hot rows (at a 128k vocabulary, 64 sequences x 5 rows would be 160 MB of them).
-    greedy = all(sp.greedy for sp in params)
-    p = out.logits if greedy else warp_ragged(out.logits, offsets, params)  # [sum(K_i + 1), V]
-    num_accepted, next_token = ragged_outcome(p, offsets, draft_tokens, q, q_offsets, params,
-                                              [s.generator for s in seqs])
-    rounds = read_ragged_round(num_accepted, next_token, draft_tokens, offsets)
-    return {i: (verdict, kept, next_token[j:j + 1]) for j, (i, (verdict, kept)) in enumerate(zip(verify, rounds))}
-
-
-def with_logprobs(tokens: list[EmittedToken], logits: torch.Tensor, config: GenerationConfig) -> list[EmittedToken]:
-    """The round's emitted tokens with their log-probabilities under the target's p (sampling.token_logprobs):
-    logits [K + 1, V] the verify's rows; emitted token j came from row j."""
-    scores = token_logprobs(logits, config.sampling, [t.token_id for t in tokens], config.logprobs)
-    return [dataclasses.replace(t, logprob=lp, top_logprobs=top) for t, (lp, top) in zip(tokens, scores)]
-
-
 def check_request(prompt: list[int], config: GenerationConfig, max_length: int, decode) -> None:
-    """The InvalidRequestError that engine.Engine raises for a request it cannot serve, or nothing."""
+    """The InvalidRequestError for a request the engine cannot serve, or nothing."""
     if not prompt:
         raise InvalidRequestError("the prompt is empty: give at least one token of text")
     if config.stop and decode is None:

@@ -2,8 +2,7 @@
 
 On a GPU a blocking copy (torch.tensor(ids, device="cuda"), int(tensor), indexing with a 0-d tensor)
 waits for every kernel queued before it, so the GPU idles while Python queues the next ones. These
-helpers send ids, read tokens back and index by a device tensor without that wait (the PhaseClock
-in clock.py times the phases in the same spirit).
+helpers send ids, read tokens back and index by a device tensor without that wait.
 """
 
 from __future__ import annotations
@@ -11,32 +10,29 @@ from __future__ import annotations
 import torch
 
 
-class TokenReader:
-    """Reads a device token on the host without waiting for work queued after it.
+class HostRead:
+    """Values of a 1-D long tensor on their way to the host, read without waiting for work queued
+    after them.
 
-    `send(token)` starts the copy of a 0-d long tensor into pinned memory and marks the stream;
-    `receive()` waits for that mark only, so a step queued in between keeps the GPU busy meanwhile.
+    The copy starts at once (on CUDA into pinned memory, with an event marking the stream);
+    `values()` waits for that mark only, so a step queued in between keeps the GPU busy while the
+    host waits for these values. Elsewhere the work is synchronous and `values()` reads the tensor.
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self._cuda = device.type == "cuda"
-        self._inflight: list[tuple[torch.Tensor, object]] = []
-
-    def send(self, token: torch.Tensor) -> None:
-        if not self._cuda:
-            self._inflight.append((token, None))
+    def __init__(self, values: torch.Tensor) -> None:  # values: [n] long, on any device
+        self._done = None
+        if values.device.type != "cuda":
+            self._host = values
             return
-        host = torch.empty((), dtype=torch.long, pin_memory=True)
-        host.copy_(token, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record(torch.cuda.current_stream(token.device))  # the stream the copy was queued on
-        self._inflight.append((host, done))
+        self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        self._host.copy_(values, non_blocking=True)
+        self._done = torch.cuda.Event()
+        self._done.record(torch.cuda.current_stream(values.device))  # the stream the copy was queued on
 
-    def receive(self) -> int:
-        host, done = self._inflight.pop(0)
-        if done is not None:
-            done.synchronize()
-        return int(host)
+    def values(self) -> list[int]:
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host.tolist()
 
 
 def token_tensor(ids: list[int], device: torch.device) -> torch.Tensor:

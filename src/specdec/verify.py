@@ -154,8 +154,11 @@ def ragged_outcome(
     Batch invariance (rule 6): sequence i's outcome is exactly what greedy_outcome(p_i.argmax(-1), d_i)
     or sampled_outcome(p_i, d_i, q_i, generators[i]) gives on its own rows, with the same draws from
     generators[i] in the same order, whatever shares the batch. So each sampled sequence needs a
-    generator of its own. No host reads: read_ragged_round is the one read.
+    generator of its own. A batch of one goes through that rule itself. No host reads: the caller
+    reads ragged_round_values once.
     """
+    if _one_sequence(p, offsets, draft_tokens, q, q_offsets):
+        return _one_outcome(p, draft_tokens, q, params[0], generators[0])
     index = _ragged_index(p, offsets, draft_tokens, q, q_offsets, params, generators)
     target_tokens = p.argmax(-1)  # [T]
     kept = _ragged_kept(p, target_tokens, draft_tokens, q, index, generators)  # [D]
@@ -169,12 +172,37 @@ def ragged_outcome(
     return num_accepted, next_token
 
 
-def read_ragged_round(num_accepted: torch.Tensor, next_token: torch.Tensor, draft_tokens: torch.Tensor,
-                      offsets: Sequence[int]) -> list[tuple[Verdict, list[int]]]:
-    """The host's one read of a ragged round (ragged_outcome's layout): per sequence, its verdict
-    and its kept drafts. num_accepted, next_token: [B]; draft_tokens: [D]; offsets: [B + 1] host ints."""
+def _one_sequence(p, offsets, draft_tokens, q, q_offsets) -> bool:
+    """Whether the call is one sequence's round in a valid layout (else the general path checks it)."""
+    if isinstance(offsets, torch.Tensor) or len(offsets) != 2 or int(offsets[1]) != p.shape[0]:
+        return False
+    k = p.shape[0] - 1
+    return draft_tokens.shape == (k,) and (q is None or (q.shape[0] == k and [int(x) for x in q_offsets] == [0, k]))
+
+
+def _one_outcome(p: torch.Tensor, draft_tokens: torch.Tensor, q: torch.Tensor | None, params: SamplingParams,
+                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of one through the single-sequence rule, which is what ragged_outcome must equal
+    (same draws, same generator state), without building the ragged index: at batch 1 that index
+    was most of a plain step's host time. p [K+1, V]; returns (num_accepted [1], next_token [1])."""
+    if params.greedy:
+        outcome = greedy_outcome(p.argmax(-1), draft_tokens)
+    else:
+        outcome = sampled_outcome(p, draft_tokens, q, generator)
+    return outcome[0].reshape(1), outcome[1].reshape(1)
+
+
+def ragged_round_values(num_accepted: torch.Tensor, next_token: torch.Tensor,
+                        draft_tokens: torch.Tensor) -> torch.Tensor:
+    """What the host reads of a ragged round (ragged_outcome's layout), as one tensor [2B + D] for
+    one copy: num_accepted [B], next_token [B], draft_tokens [D]."""
+    return torch.cat([num_accepted, next_token, draft_tokens])
+
+
+def parse_ragged_round(values: list[int], offsets: Sequence[int]) -> list[tuple[Verdict, list[int]]]:
+    """ragged_round_values read on the host: per sequence, its verdict and its kept drafts.
+    offsets: [B + 1] host ints, ragged_outcome's."""
     b = len(offsets) - 1
-    values = torch.cat([num_accepted, next_token, draft_tokens]).tolist()
     drafts = values[2 * b:]
     rounds = []
     for i, (n, token) in enumerate(zip(values[:b], values[b:2 * b])):

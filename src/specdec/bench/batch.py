@@ -81,7 +81,7 @@ def batch_table(engine, prompts: Sequence[list[int]], batch_sizes: Sequence[int]
     oracle (alpha -> an OracleDrafter prototype, forked per sequence) the oracle at ALPHAS with K
     oracle_k against the formula at draft cost c. Greedy, ignore_eos, new_tokens each."""
     from specdec.drafters.none import NoDrafter
-    from specdec.engine import GenerationConfig
+    from specdec.generation import GenerationConfig
     from specdec.speedup import expected_speedup
 
     points = []
@@ -179,7 +179,8 @@ def parse_batch_sizes(text: str) -> list[int]:
 
 
 def batch_one(runtime, prompt: list[int], new_tokens: int) -> dict:
-    """Plain greedy decoding of one prompt: engine.Engine against BatchedEngine at batch 1 (wall time, prefill included)."""
+    """Plain greedy decoding of one prompt at batch 1 (wall time, prefill included): engine.Engine (the
+    same loop over a slot model of one slot) against the table's BatchedEngine of max(batch) slots."""
     from specdec.drafters.none import NoDrafter
     from specdec.engine import Engine, GenerationConfig
 

@@ -88,7 +88,7 @@ def sample_positions(runtime, ids: list[int], sampling, args, seeds: range, bar)
     """Token ids at each of the first `positions` places, one list per position, over the seeds."""
     from dataclasses import replace
 
-    from specdec.engine import GenerationConfig
+    from specdec.generation import GenerationConfig
 
     per_position: list[list[int]] = [[] for _ in range(args.positions)]
     for seed in seeds:
@@ -125,7 +125,7 @@ def sampled_checks(plain, spec, ids: list[int], args) -> dict[str, list[Position
 
 def greedy_identity(plain, spec, ids: list[int], args) -> dict:
     """Greedy speculation must reproduce plain greedy decoding token for token."""
-    from specdec.engine import GenerationConfig
+    from specdec.generation import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=max(24, args.positions), k=args.k, ignore_eos=True)
     a = plain.engine.generate(ids, config).token_ids

@@ -502,7 +502,7 @@ def _cpu_rates(engines: dict, hf, prompt: list[int], n: int, eos: int, smoke: bo
     """Tokens/s of each engine and of hf.generate(), alternating run by run; and whether all gave the same tokens."""
     import torch
 
-    from specdec.engine import GenerationConfig
+    from specdec.generation import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=n, k=1, ignore_eos=True)
     ids = torch.tensor([prompt])

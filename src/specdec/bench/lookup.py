@@ -72,7 +72,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.bench.common import RunTotals, load_target, progress, runtime_pair
-    from specdec.engine import GenerationConfig
+    from specdec.generation import GenerationConfig
 
     target = load_target(args)
     plain, spec = runtime_pair(target, args.draft)

@@ -33,7 +33,7 @@ def run_engine(target, slots, policy, prompts: list[list[int]], draft: str, max_
 
     from specdec.batching import BatchConfig, BatchedEngine
     from specdec.drafters import NoDrafter, make_drafter
-    from specdec.engine import GenerationConfig
+    from specdec.generation import GenerationConfig
 
     plain = policy.mode == "fixed" and policy.k == 0
     factory = (lambda: NoDrafter(target.model.device)) if plain else (lambda: make_drafter(draft, target))

@@ -121,7 +121,7 @@ class HFGenerate:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.bench.common import RunTotals, load_target, progress, runtime_pair
-    from specdec.engine import GenerationConfig
+    from specdec.generation import GenerationConfig
     from specdec.errors import InvalidRequestError
     from specdec.sampling import SamplingParams
 

@@ -55,7 +55,7 @@ def sweep_temperature(plain, spec, prompts: list[list[int]], ks: list[int], temp
                       args: argparse.Namespace, bar) -> tuple:
     """Plain and every K on every prompt; the run order rotates from prompt to prompt (A/B interleaving)."""
     from specdec.bench.common import RunTotals
-    from specdec.engine import GenerationConfig
+    from specdec.generation import GenerationConfig
     from specdec.sampling import SamplingParams
 
     plain_totals, totals = RunTotals(), {k: RunTotals() for k in ks}

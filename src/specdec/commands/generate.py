@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.engine import GenerationConfig
+    from specdec.generation import GenerationConfig
     from specdec.runtime import build_runtime, require_prompt
 
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()

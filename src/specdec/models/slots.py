@@ -124,7 +124,10 @@ class LoopSlots(SlotModel):
             rows.append(out)
             feats.append(feat)
         kept = [r for r in rows if r is not None]
-        flat = torch.cat(kept) if kept else torch.empty(0, self.vocab_size, device=self.device)
+        if len(kept) == 1:  # one sequence's logits as they are: no copy of [n, V] (a batch of one)
+            flat = kept[0]
+        else:
+            flat = torch.cat(kept) if kept else torch.empty(0, self.vocab_size, device=self.device)
         offsets = tuple(accumulate((0 if r is None else r.shape[0] for r in rows), initial=0))
         return RaggedOutput(flat, offsets, tuple(feats))
 
@@ -169,3 +172,10 @@ def slot_model_for(model: CausalLM, max_slots: int, max_length: int | None = Non
     if hasattr(model, "with_own_cache"):
         return LoopSlots(model.with_own_cache, max_slots)
     raise UnsupportedHereError(f"{model.name} cannot hold several sequences here: use --backend hf or native")
+
+
+def own_cache_slot(model: CausalLM) -> SlotModel:
+    """The model as a slot model of one slot, its own cache the slot: what one sequence needs
+    (engine.Engine). It runs the model's own single-sequence path (on CUDA its captured graphs),
+    holds no second cache, and takes any CausalLM, a tensor-parallel target's included."""
+    return LoopSlots(lambda: model, 1)

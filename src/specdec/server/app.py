@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.batching import BatchConfig, BatchedEngine
 from specdec.drafters import make_drafter
 from specdec.drafters.pool import DrafterPool
-from specdec.engine import GenerationConfig, SpecStats
+from specdec.generation import GenerationConfig, SpecStats
 from specdec.errors import SpecdecError
 from specdec.runtime import Runtime, eos_ids, slot_target
 from specdec.sampling import SamplingParams

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from specdec.engine import EmittedToken, SpecStats
+from specdec.generation import EmittedToken, SpecStats
 from specdec.runtime import cut_at_stop
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import APIError

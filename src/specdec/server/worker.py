@@ -21,7 +21,7 @@ from typing import AsyncIterator, Callable
 
 from specdec.batching import BatchedEngine, SequenceHandle
 from specdec.drafters.pool import DrafterPool
-from specdec.engine import GenerationConfig, SpecStats
+from specdec.generation import GenerationConfig, SpecStats
 from specdec.errors import SpecdecError
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import APIError

@@ -19,7 +19,7 @@ import torch
 from specdec.bench.common import RunTotals, speedup
 from specdec.bench.specbench import QUESTIONS, load_questions
 from specdec.drafters import make_drafter
-from specdec.engine import GenerationConfig
+from specdec.generation import GenerationConfig
 from specdec.errors import DraftSpecError
 from specdec.runtime import encode_prompt, engine_for
 from specdec.sampling import SamplingParams

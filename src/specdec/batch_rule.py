@@ -1,0 +1,81 @@
+"""The rejection rule over one step of the batched engine: queued on the device in one call, read
+on the host in one copy.
+
+Queueing and reading are apart so that the engine can queue the next step in between (pipelined
+plain steps, batching.BatchConfig.pipeline): the read then waits for this step's values only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from specdec.drafters.base import Draft
+from specdec.generation import EmittedToken, GenerationConfig
+from specdec.models.slots import RaggedOutput
+from specdec.sampling import SamplingParams, token_logprobs, warp_ragged
+from specdec.transfers import HostRead
+from specdec.verify import Verdict, parse_ragged_round, ragged_outcome, ragged_round_values
+
+
+@dataclass(frozen=True)
+class StepRule:
+    """The rule's outcome for the verifies of one step, queued on the device and on its way to the host.
+
+    verify: the step's units that verify (the others were prefill chunks), in batch order.
+    offsets: [B_v + 1] host ints, their rows of logits (ragged_outcome's layout).
+    next_token: [B_v] long on the device, each one's recovered or bonus token.
+    """
+
+    verify: tuple[int, ...]
+    offsets: tuple[int, ...]
+    next_token: torch.Tensor
+    host: HostRead
+
+    def next_token_of(self, unit: int) -> torch.Tensor:
+        """Unit `unit`'s next token [1], still on the device (the next step's pending token)."""
+        j = self.verify.index(unit)
+        return self.next_token[j:j + 1]
+
+    def read(self) -> dict[int, tuple[Verdict, list[int], torch.Tensor]]:
+        """The host's one read of the step: for unit i, (verdict, kept drafts, next token [1] on the device)."""
+        rounds = parse_ragged_round(self.host.values(), self.offsets)
+        return {i: (verdict, kept, self.next_token[j:j + 1])
+                for j, (i, (verdict, kept)) in enumerate(zip(self.verify, rounds))}
+
+
+def queue_rule(drafts: Sequence[Draft | None], params: Sequence[SamplingParams],
+               generators: Sequence[torch.Generator], out: RaggedOutput) -> StepRule | None:
+    """The rule over every verify of a step in one call, each sequence with its own sampling and
+    generator, and the copy of its outcome to the host started. drafts, params, generators: [B], one
+    per unit of the step (drafts[i] None: a prefill chunk, which nothing judges). None when no unit verifies."""
+    verify = [i for i, d in enumerate(drafts) if d is not None]
+    if not verify:
+        return None
+    verifying = [drafts[i] for i in verify]
+    offsets = (0, *(out.offsets[i + 1] for i in verify))  # a prefill chunk brings no logits rows
+    sampling = [params[i] for i in verify]
+    draft_tokens = torch.cat([d.tokens for d in verifying])  # [sum(K_i)]
+    given = [d.q for d in verifying if d.q is not None]
+    q = torch.cat(given) if given else None  # [rows of the sampled drafts, V]
+    q_rows = (0 if d.q is None else len(d) for d in verifying)  # a one-hot draft brings no rows of q
+    q_offsets = list(itertools.accumulate(q_rows, initial=0)) if given else None
+    # The rule reads only the argmax of a greedy sequence's rows: an all-greedy step skips building
+    # one-hot rows (at a 128k vocabulary, 64 sequences x 5 rows would be 160 MB of them).
+    greedy = all(sp.greedy for sp in sampling)
+    p = out.logits if greedy else warp_ragged(out.logits, offsets, sampling)  # [sum(K_i + 1), V]
+    num_accepted, next_token = ragged_outcome(p, offsets, draft_tokens, q, q_offsets, sampling,
+                                              [generators[i] for i in verify])
+    host = HostRead(ragged_round_values(num_accepted, next_token, draft_tokens))
+    return StepRule(tuple(verify), offsets, next_token, host)
+
+
+def with_logprobs(tokens: list[EmittedToken], logits: torch.Tensor, config: GenerationConfig) -> list[EmittedToken]:
+    """The round's emitted tokens with their log-probabilities under the target's p (sampling.token_logprobs):
+    logits [K + 1, V] the verify's rows; emitted token j came from row j."""
+    scores = token_logprobs(logits, config.sampling, [t.token_id for t in tokens], config.logprobs)
+    return [dataclasses.replace(t, logprob=lp, top_logprobs=top) for t, (lp, top) in zip(tokens, scores)]
