@@ -15,7 +15,7 @@ import asyncio
 import hmac
 import json
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -127,6 +127,10 @@ def create_app(state: ServerState) -> FastAPI:
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    @app.get("/speculation")
+    async def speculation() -> dict:
+        return _decision(state)
+
     @app.get("/v1/models", dependencies=[auth])
     async def models() -> dict:
         return {"object": "list", "data": [_model_card(state)]}
@@ -201,6 +205,17 @@ def _model_card(state: ServerState) -> dict:
                         "speculation": c.speculation.mode,
                         "max_k": P.MAX_K, "max_num_seqs": state.slots.max_slots, "max_queue": c.max_queue,
                         "kv_cache_bytes": state.kv_cache_bytes}}
+
+
+def _decision(state: ServerState) -> dict:
+    """The engine's latest speculation decision (what /metrics' speculation gauges show), for the web
+    view: the policy, the sequences in the pass, the drafts of each decoding one (by place in the batch)."""
+    decision = state.engine.last_decision
+    if decision is None:  # no pass yet
+        return {"mode": state.config.speculation.mode, "batch_size": 0, "ks": []}
+    fields = asdict(decision)
+    del fields["request_ids"]  # the engine's own numbering: nothing a client can match
+    return fields
 
 
 async def _completion_prompt(state: ServerState, request: P.CompletionRequest) -> list[int]:
