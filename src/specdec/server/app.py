@@ -1,4 +1,4 @@
-"""The FastAPI app: OpenAI-compatible endpoints, /health, /metrics, and the web view at `/`.
+"""The FastAPI app: OpenAI-compatible endpoints, /health, /metrics, /speculation, and the web view at `/`.
 
 Request handling, in order: the body's size and read time (`limits.BodyLimit`: 413, 408), API key,
 validation (pydantic, strict, mapped to OpenAI's 400 shape), fields that would change sampling
