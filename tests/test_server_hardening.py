@@ -110,9 +110,30 @@ def test_health_answers_while_huge_prompts_arrive(server):
     assert checks >= 1
     big = results["big"]
     assert isinstance(big, httpx.Response), big
-    assert assert_error(big.status_code, big.json(), 400, "prompt")["code"] == "context_length_exceeded"
+    error = assert_error(big.status_code, big.json(), 400, "prompt")
+    assert error["code"] == "context_length_exceeded" and "characters" in error["message"]  # refused untokenized
     huge = results["huge"]
     assert not isinstance(huge, httpx.Response) or huge.status_code == 413
+
+
+def test_a_prompt_is_tokenized_while_the_event_loop_runs_on():
+    """The tokenizer runs on a thread: here it waits for the loop itself to release it, which could
+    never happen if it ran on the loop (the way a slow prompt held /health before)."""
+    from specdec.server.app import _tokenize
+
+    release = threading.Event()
+
+    def encode() -> list[int]:
+        assert release.wait(30), "the event loop stood still while the prompt was tokenized"
+        return [5, 6]
+
+    async def main() -> list[int]:
+        tokenizing = asyncio.create_task(_tokenize(encode, "prompt"))
+        await asyncio.sleep(0.01)  # the loop goes on serving while the tokenizer works
+        release.set()
+        return await tokenizing
+
+    assert asyncio.run(main()) == [5, 6]
 
 
 def run_body_limit(messages: list[dict], max_bytes: int) -> tuple[list[dict], list[dict], list[int]]:
@@ -150,6 +171,34 @@ def test_a_chunked_body_within_the_limit_reaches_the_app_whole():
     seen, sent, refused = run_body_limit(parts, max_bytes=4)
     assert seen == [{"type": "http.request", "body": b"abcd", "more_body": False}, {"type": "http.disconnect"}]
     assert not sent and not refused
+
+
+# ---- a prompt near the context is prefilled in chunks, beside the others -------------------------
+
+PREFILL_CHUNK = 4
+
+
+def test_a_prompt_near_the_context_is_prefilled_in_chunks_beside_a_running_stream():
+    """A 150-token prompt (the context is 160) arrives while a stream decodes one token a step (draft
+    none): with --prefill-chunk 4 its prefill takes 38 engine steps, and the stream is in every one
+    of them (an engine step runs all its sequences), instead of one long step that holds it up."""
+    server = shared_server("--max-num-seqs", "2", "--prefill-chunk", str(PREFILL_CHUNK))
+    long_prompt = list(range(10, 20)) * 15  # token ids: 150 tokens, 149 of them prefilled
+    running = {"prompt": "hello", "max_tokens": 150, "ignore_eos": True, "stream": True, "draft": "none"}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        before = http.get("/metrics").text
+        with http.stream("POST", COMP, json=running) as stream:
+            lines = stream.iter_lines()
+            next(line for line in lines if line.startswith("data: {"))  # it decodes
+            long = http.post(COMP, json={"prompt": long_prompt, "max_tokens": 1, "draft": "none"})
+            after = http.get("/metrics").text
+            rest = [line for line in lines if line]
+        assert long.status_code == 200, long.text
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "length"
+    steps = counter(after, "engine_steps_total") - counter(before, "engine_steps_total")
+    pairs = counter(after, "engine_step_sequences_total") - counter(before, "engine_step_sequences_total")
+    assert pairs - steps >= -(-149 // PREFILL_CHUNK)  # steps that ran both: every chunk of the long prefill
 
 
 # ---- types and values: strict, finite, valid Unicode, 64-bit seeds --------------------------------
@@ -278,21 +327,26 @@ def test_a_body_that_trickles_in_gets_408(short_server):
 def test_sigterm_drains_then_exits_0(short_server):
     """Work for far longer than --graceful-timeout on a one-at-a-time engine, then SIGTERM: /health and new
     requests get 503 during the drain, every stream ends with a finish or an error event and then
-    [DONE], the non-streamed request gets JSON, and the process exits 0 without a traceback."""
+    [DONE], the non-streamed request (queued last) gets a JSON 503, and the process exits 0 without a
+    traceback."""
     url = short_server.url
     body = {"prompt": "hello", "max_tokens": 150, "ignore_eos": True, "k": 64}
     http = httpx.Client(base_url=url, timeout=60)
     streams = [http.send(http.build_request("POST", COMP, json={**body, "stream": True}), stream=True)]
     lines = [streams[0].iter_lines()]
     first = next(line for line in lines[0] if line.startswith("data: {"))  # it runs
-    plain: dict[str, httpx.Response] = {}
-    plain_thread = threading.Thread(target=lambda: plain.setdefault(
-        "r", httpx.post(url + CHAT, json={**body, "messages": MSG}, timeout=60)))
-    plain_thread.start()
     for _ in range(6):
         streams.append(http.send(http.build_request("POST", COMP, json={**body, "stream": True}), stream=True))
         assert streams[-1].status_code == 200
         lines.append(streams[-1].iter_lines())
+    plain: dict[str, httpx.Response] = {}
+    plain_thread = threading.Thread(target=lambda: plain.setdefault(
+        "r", httpx.post(url + CHAT, json={**body, "messages": MSG}, timeout=60)))
+    plain_thread.start()
+    for _ in range(200):  # the non-streamed request queues last, behind all seven streams
+        if httpx.get(url + "/health", timeout=10).json()["in_flight"] == 8:
+            break
+        time.sleep(0.05)
     short_server.proc.send_signal(signal.SIGTERM)
 
     health = None
@@ -318,9 +372,8 @@ def test_sigterm_drains_then_exits_0(short_server):
             endings.append("finished")
     assert "cut" in endings  # 7 x 150 tokens at K=64 outlast a 2 s drain
     plain_thread.join(timeout=60)
-    r = plain["r"]
-    if r.status_code != 200:
-        assert assert_error(r.status_code, r.content, 503)["code"] == "shutting_down"
+    r = plain["r"]  # last in line, so cut as well: a JSON error, not a bare 500
+    assert assert_error(r.status_code, r.content, 503)["code"] == "shutting_down"
     http.close()
     assert short_server.proc.wait(timeout=60) == 0
     log = short_server.log_path.read_text()

@@ -34,14 +34,21 @@ def test_a_server_policy_keeps_the_greedy_answer_and_decides_k(flag, mode, k):
     assert spec["k"] == k and spec["drafted"] <= k * spec["rounds"]
 
 
+def metrics_decision(url: str) -> tuple[float, list[float]]:
+    """/metrics' speculation gauges: the latest pass's batch size, and K by place in the batch."""
+    text = httpx.get(url + "/metrics").text
+    batch = re.search(r'^specdec:speculation_batch_size\{model_name="tiny"\} (\S+)$', text, re.M)
+    ks = re.findall(r'^specdec:speculation_k\{model_name="tiny",sequence="(\d+)"\} (\S+)$', text, re.M)
+    assert batch, "no specdec:speculation_batch_size in /metrics"
+    return float(batch.group(1)), [float(k) for _, k in sorted(ks, key=lambda pair: int(pair[0]))]
+
+
 def test_metrics_show_the_latest_steps_batch_and_k_per_sequence():
     server = shared_server("--speculation", "3")
     greedy(server)
-    text = httpx.get(server.url + "/metrics").text
-    batch = re.search(r'^specdec:speculation_batch_size\{model_name="tiny"\} (\S+)$', text, re.M)
-    ks = re.findall(r'^specdec:speculation_k\{model_name="tiny",sequence="(\d+)"\} (\S+)$', text, re.M)
-    assert batch and float(batch.group(1)) >= 1
-    assert ks and all(0 <= float(k) <= 3 for _, k in ks)
+    batch, ks = metrics_decision(server.url)
+    assert batch >= 1
+    assert ks and all(0 <= k <= 3 for k in ks)
 
 
 @pytest.mark.parametrize("flag, policy", [(None, SpeculationPolicy()), ("2", SpeculationPolicy.fixed(2)),
@@ -64,3 +71,12 @@ def test_a_bad_speculation_flag_is_one_line(capsys, value):
     assert main(["serve", "--target", "none-needed", "--speculation", value]) == 2
     err = capsys.readouterr().err.strip()
     assert "--speculation must be auto or a whole number" in err and "\n" not in err
+
+
+def test_the_speculation_endpoint_shows_what_the_metrics_show():
+    server = shared_server("--speculation", "3")
+    greedy(server)
+    decision = httpx.get(server.url + "/speculation").json()
+    batch, ks = metrics_decision(server.url)
+    assert decision["mode"] == "fixed" and decision["batch_size"] == batch >= 1 and decision["ks"] == ks
+    assert decision["predicted_tokens_per_second"] is None  # auto's prediction; a fixed K has none

@@ -69,6 +69,23 @@ def test_prompt_streams_tokens_coloured_by_origin(page):
     assert page.inner_text("#output") == first
 
 
+def test_the_engine_steps_speculation_decision_is_shown(page):
+    """Batch size and K per sequence of the engine's latest step, as /speculation (and /metrics) say."""
+    import httpx
+
+    page.fill("#prompt", "hello what is the draft token")
+    page.fill("#k", "3")
+    page.fill("#max-tokens", "20")
+    page.click("#generate")
+    page.wait_for_function("document.body.dataset.done === '1'", timeout=60_000)
+    batch, ks = int(page.inner_text("#spec-batch")), [int(k) for k in page.inner_text("#spec-ks").split()]
+    assert batch >= 1 and 1 <= len(ks) <= batch and all(0 <= k <= 3 for k in ks)
+    decision = httpx.get(shared_server("--max-queue", "2").url + "/speculation").json()
+    assert (decision["batch_size"], decision["ks"]) == (batch, ks)  # nothing else ran since
+    assert page.inner_text("#spec-mode") == "K: each request's own"
+    page.fill("#k", "4")
+
+
 def test_dragging_a_bar_changes_the_distribution(page):
     page.select_option("#toy-preset", "far")
     before = page.inner_text("#toy-alpha")

@@ -111,13 +111,19 @@ class DraftMenu:
         self.target, self.max_slots, self.dtype = target, max_slots, dtype
         self._prototypes: dict[str, Drafter] = {}
 
+    def adopt(self, spec: str, drafter: Drafter) -> None:
+        """Serve `spec` with forks of a drafter already built, so its weights are not loaded again."""
+        self._add(spec, drafter.for_batch(self.max_slots))
+
     def fresh(self, spec: str) -> Drafter:
         """A new drafter of kind `spec` for one sequence (DraftSpecError for a kind that cannot fork)."""
         if spec not in self._prototypes:
-            prototype = make_drafter(spec, self.target, self.dtype, self.max_slots)
-            prototype.fork()  # a kind that cannot draft for several sequences says so now
-            self._prototypes[spec] = prototype
+            self._add(spec, make_drafter(spec, self.target, self.dtype, self.max_slots))
         return self._prototypes[spec].fork()
+
+    def _add(self, spec: str, prototype: Drafter) -> None:
+        prototype.fork()  # a kind that cannot draft for several sequences says so now, not mid-batch
+        self._prototypes[spec] = prototype
 
     def factory(self, spec: str) -> Callable[[], Drafter]:
         """() -> a fresh drafter of kind `spec` (BatchedEngine's drafter_factory); built and checked now."""

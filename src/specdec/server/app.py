@@ -1,4 +1,4 @@
-"""The FastAPI app: OpenAI-compatible endpoints, /health, /metrics, and the web view at `/`.
+"""The FastAPI app: OpenAI-compatible endpoints, /health, /metrics, /speculation, and the web view at `/`.
 
 Request handling, in order: the body's size and read time (`limits.BodyLimit`: 413, 408), API key,
 validation (pydantic, strict, mapped to OpenAI's 400 shape), fields that would change sampling
@@ -15,7 +15,7 @@ import asyncio
 import hmac
 import json
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -26,8 +26,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.batching import BatchConfig, BatchedEngine
-from specdec.drafters import make_drafter
-from specdec.drafters.pool import DrafterPool
+from specdec.drafters.registry import DraftMenu
 from specdec.generation import GenerationConfig, SpecStats
 from specdec.errors import SpecdecError
 from specdec.runtime import Runtime, eos_ids, slot_target
@@ -59,8 +58,8 @@ class ServerConfig:
 
 class ServerState:
     """What the endpoints share: one runtime per drafter (all on the same target, for their names,
-    tokenizer and a first drafter), the target as a slot model in a BatchedEngine, a pool of
-    drafters per kind, and the worker that steps the engine."""
+    tokenizer and the drafter as loaded), the target as a slot model in a BatchedEngine, the drafters
+    by name (each sequence a fork of the loaded one), and the worker that steps the engine."""
 
     def __init__(self, config: ServerConfig, runtimes: dict[str, Runtime]):
         self.config = config
@@ -68,19 +67,17 @@ class ServerState:
         self.metrics = ServerMetrics(config.model_name)
         runtime = self.default_runtime
         self.slots = slot_target(runtime.target.model, config.max_num_seqs, config.max_model_len)
-        pools = {name: self._pool(name) for name in runtimes}  # every sequence is given its drafter
-        self.engine = BatchedEngine(self.slots, pools[config.default_draft].take, eos_ids(runtime.target),
+        self.drafters = DraftMenu(runtime.target, self.slots.max_slots)
+        for name, loaded in runtimes.items():
+            self.drafters.adopt(name, loaded.drafter)  # forks share its weights: none is loaded twice
+        self.engine = BatchedEngine(self.slots, self.drafters.factory(config.default_draft), eos_ids(runtime.target),
                                     runtime.decode, BatchConfig(config.prefill_chunk, config.speculation))
         self.kv_cache_bytes = int(getattr(self.slots, "kv_cache_bytes", 0))
         self.metrics.set_capacity(self.slots.max_slots, self.kv_cache_bytes)
-        self.worker = EngineWorker(self.engine, pools, config.max_queue, self.metrics)
+        self.worker = EngineWorker(self.engine, self.drafters, config.max_queue, self.metrics)
         self.longest_token_chars = _longest_token_chars(runtime.tokenizer)
         tokenizer = runtime.tokenizer
         self.token_text = lambda token_id: tokenizer.decode([token_id])  # logprobs name tokens with specials
-
-    def _pool(self, name: str) -> DrafterPool:
-        runtime = self.runtimes[name]
-        return DrafterPool(lambda: make_drafter(name, runtime.target), first=runtime.drafter)
 
     @property
     def default_runtime(self) -> Runtime:
@@ -129,6 +126,10 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/speculation")
+    async def speculation() -> dict:
+        return _decision(state)
 
     @app.get("/v1/models", dependencies=[auth])
     async def models() -> dict:
@@ -204,6 +205,17 @@ def _model_card(state: ServerState) -> dict:
                         "speculation": c.speculation.mode,
                         "max_k": P.MAX_K, "max_num_seqs": state.slots.max_slots, "max_queue": c.max_queue,
                         "kv_cache_bytes": state.kv_cache_bytes}}
+
+
+def _decision(state: ServerState) -> dict:
+    """The engine's latest speculation decision (what /metrics' speculation gauges show), for the web
+    view: the policy, the sequences in the pass, the drafts of each decoding one (by place in the batch)."""
+    decision = state.engine.last_decision
+    if decision is None:  # no pass yet
+        return {"mode": state.config.speculation.mode, "batch_size": 0, "ks": []}
+    fields = asdict(decision)
+    del fields["request_ids"]  # the engine's own numbering: nothing a client can match
+    return fields
 
 
 async def _completion_prompt(state: ServerState, request: P.CompletionRequest) -> list[int]:

@@ -3,8 +3,8 @@
 Up to `max_slots` sequences (the slot model's, `--max-num-seqs`) decode together; a request with
 n > 1 brings n sequences. Further sequences wait here in FIFO order, and join the batch as slots
 free up; once `max_slots + max_queue` sequences are in the system a new request gets 503. Each
-sequence takes a drafter of its own from its kind's DrafterPool, and a ChoiceStream listener that
-sends its events back to the asyncio loop (call_soon_threadsafe). A request whose client went away
+sequence gets a drafter of its own (a fork from the DraftMenu, sharing its kind's loaded weights),
+and a ChoiceStream listener that sends its events back to the asyncio loop (call_soon_threadsafe). A request whose client went away
 sets `cancelled`: its waiting sequences are dropped and its running ones leave the batch at the next
 step. On shutdown the server stops admitting (`stop_accepting`) and, at its deadline, `abort_all`
 answers every request still in the system with an error.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from specdec.batching import BatchedEngine, SequenceHandle
-from specdec.drafters.pool import DrafterPool
+from specdec.drafters.registry import DraftMenu
 from specdec.generation import GenerationConfig, SpecStats
 from specdec.errors import SpecdecError
 from specdec.server.metrics import ServerMetrics
@@ -32,7 +32,7 @@ from specdec.server.streams import ChoiceStream, DoneEvent, ErrorEvent, TokenEve
 class Job:
     """One request: n choices of one prompt, choice i with configs[i] (its own seed)."""
 
-    draft: str  # which DrafterPool its sequences draft with
+    draft: str  # the kind its sequences draft with (a DraftMenu name)
     prompt_ids: list[int]
     configs: tuple[GenerationConfig, ...]
     decode: Callable[[list[int]], str]
@@ -48,9 +48,8 @@ class Job:
 
 
 class EngineWorker:
-    def __init__(self, engine: BatchedEngine, pools: dict[str, DrafterPool], max_queue: int,
-                 metrics: ServerMetrics):
-        self.engine, self.pools = engine, pools
+    def __init__(self, engine: BatchedEngine, drafters: DraftMenu, max_queue: int, metrics: ServerMetrics):
+        self.engine, self.drafters = engine, drafters
         self.max_slots, self.max_queue = engine.target.max_slots, max_queue
         self.metrics = metrics
         self.accepting = True
@@ -161,24 +160,18 @@ class EngineWorker:
         live = self._live.get(id(job))
         if live is None:  # the request failed already
             return self._choice_done(job, None)
-        pool = self.pools[job.draft]
         try:
-            drafter = pool.take()
-        except Exception as exc:  # noqa: BLE001 - e.g. a draft model that cannot load again
+            drafter = self.drafters.fresh(job.draft)  # a fork: it holds nothing until the engine begins it
+        except Exception as exc:  # noqa: BLE001 - a bug here must reach the client, not stop the engine thread
             self._choice_done(job, None)
-            return self._fail(job, APIError(500, f"could not build a drafter: {exc}", None, "internal"))
-
-        def done(_: ChoiceStream) -> None:
-            pool.give_back(drafter)
-            self._choice_done(job, None)
-
+            return self._fail(job, APIError(500, f"could not fork a drafter: {exc}", None, "internal"))
         config = job.configs[index]
         stream = ChoiceStream(index, job.arrived, len(job.prompt_ids) if index == 0 else 0, job.decode,
-                              config.stop, config.logprobs is not None, live[1], self.metrics, done)
+                              config.stop, config.logprobs is not None, live[1], self.metrics,
+                              lambda _: self._choice_done(job, None))
         try:
             job.handles.append(self.engine.submit(job.prompt_ids, config, drafter, stream))
         except SpecdecError as exc:
-            pool.give_back(drafter)
             self._choice_done(job, None)
             self._fail(job, APIError(400, str(exc), None, "invalid_value"))
 
@@ -202,7 +195,7 @@ class EngineWorker:
                 self._waiting.remove(waiting)
                 self._choice_done(job, None)
         for handle in job.handles:
-            handle.cancel()  # each one's listener gives its drafter back and counts it out
+            handle.cancel()  # each one's listener counts it out (the engine ends its drafter)
         if live is not None:
             live[1](ErrorEvent(error))
 

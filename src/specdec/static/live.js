@@ -48,6 +48,20 @@
     $("stat-tps").textContent = seconds > 0 ? (tokens / seconds).toFixed(1) : "–";
   }
 
+  const POLICY = { request: "K: each request's own", fixed: "K: the server's, fixed", auto: "K: auto, per sequence per step" };
+
+  // The engine's latest speculation decision (GET /speculation: the same as /metrics' gauges).
+  async function showDecision() {
+    try {
+      const d = await (await fetch("/speculation")).json();
+      $("spec-batch").textContent = d.batch_size || "–";
+      $("spec-ks").textContent = d.ks.length ? d.ks.join(" ") : "–";
+      $("spec-mode").textContent = POLICY[d.mode] || d.mode;
+    } catch (err) {
+      // the next poll tries again; the answer stream does not depend on it
+    }
+  }
+
   function appendPiece(text, info) {
     const span = document.createElement("span");
     span.className = "tok " + (info.origin || "bonus");
@@ -99,6 +113,7 @@
     $("generate").disabled = true;
     $("stop").disabled = false;
     const start = performance.now();
+    const polling = setInterval(showDecision, 250);  // the batch changes as other requests come and go
     let firstAt = null;
     let tokens = 0;
     try {
@@ -123,6 +138,8 @@
     } catch (err) {
       if (err.name !== "AbortError") showError(String(err.message || err));
     } finally {
+      clearInterval(polling);
+      await showDecision();  // the last step of this answer
       $("generate").disabled = false;
       $("stop").disabled = true;
       document.body.dataset.done = "1"; // lets tests wait for the end of a stream
@@ -141,4 +158,5 @@
   $("stop").addEventListener("click", () => controller && controller.abort());
   $("api-key").addEventListener("change", loadModel);
   loadModel();
+  showDecision();
 })();
