@@ -26,7 +26,6 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.batching import BatchConfig, BatchedEngine
-from specdec.drafters import make_drafter
 from specdec.drafters.pool import DrafterPool
 from specdec.engine import GenerationConfig, SpecStats
 from specdec.errors import SpecdecError
@@ -68,6 +67,7 @@ class ServerState:
         self.metrics = ServerMetrics(config.model_name)
         runtime = self.default_runtime
         self.slots = slot_target(runtime.target.model, config.max_num_seqs, config.max_model_len)
+        self.slots.warm_up()  # before the auto policy times the target, and before any request
         pools = {name: self._pool(name) for name in runtimes}  # every sequence is given its drafter
         self.engine = BatchedEngine(self.slots, pools[config.default_draft].take, eos_ids(runtime.target),
                                     runtime.decode, BatchConfig(config.prefill_chunk, config.speculation))
@@ -79,8 +79,11 @@ class ServerState:
         self.token_text = lambda token_id: tokenizer.decode([token_id])  # logprobs name tokens with specials
 
     def _pool(self, name: str) -> DrafterPool:
-        runtime = self.runtimes[name]
-        return DrafterPool(lambda: make_drafter(name, runtime.target), first=runtime.drafter)
+        """Forks of one prototype made for the batch (Drafter.for_batch): a draft model is loaded once,
+        and the running sequences of a kind draft together, one pass a draft step (DraftSlots)."""
+        prototype = self.runtimes[name].drafter.for_batch(self.config.max_num_seqs)
+        prototype.warm_up()
+        return DrafterPool(prototype.fork, first=prototype)
 
     @property
     def default_runtime(self) -> Runtime:
@@ -200,7 +203,8 @@ def _model_card(state: ServerState) -> dict:
     c = state.config
     return {"id": c.model_name, "object": "model", "created": P.now(), "owned_by": "specdec",
             "max_model_len": state.max_model_len,
-            "specdec": {"drafters": list(state.runtimes), "draft": c.default_draft, "k": _server_k(c),
+            "specdec": {"target": state.default_runtime.target.name,  # the model's own name, e.g. "(random weights)"
+                        "drafters": list(state.runtimes), "draft": c.default_draft, "k": _server_k(c),
                         "speculation": c.speculation.mode,
                         "max_k": P.MAX_K, "max_num_seqs": state.slots.max_slots, "max_queue": c.max_queue,
                         "kv_cache_bytes": state.kv_cache_bytes}}
