@@ -89,3 +89,15 @@ def test_vllm_counters_are_read_too():
                         "spec_decode_num_accepted_tokens": 0, "per_pos": {}}, after)
     assert delta["acceptance_rate"] == 0.75 and delta["mean_acceptance_length"] == 4.0
     assert parse_spec_counters("# TYPE x counter\nx_total 1\n") is None
+
+
+def test_speedups_compare_runs_at_the_same_concurrency():
+    from specdec.bench.serve import add_speedups
+
+    run = lambda c, tps: {"concurrency": c, "output_throughput": tps}  # noqa: E731
+    result = {"servers": [{"label": "plain", "runs": [run(1, 100.0), run(4, 300.0), run(16, 800.0)]},
+                          {"label": "alone", "runs": [run(1, 90.0), run(16, 100.0)]},  # fewer levels
+                          {"label": "k4", "runs": [run(1, 200.0), run(32, 50.0)]}]}  # one plain lacks
+    assert add_speedups(result) == "plain"
+    speedups = {s["label"]: [r["speedup"] for r in s["runs"]] for s in result["servers"]}
+    assert speedups == {"plain": [1.0, 1.0, 1.0], "alone": [0.9, 0.125], "k4": [2.0, None]}

@@ -16,6 +16,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from specdec.bench.cli import add_output_flags
 from specdec.commands import json_object
@@ -268,9 +269,12 @@ def add_speedups(result: dict) -> str:
     """Each run's output tokens/s over the baseline server's at the same concurrency; the baseline's label."""
     servers = result["servers"]
     base = next((s for s in servers if s["label"] == "plain"), servers[0])
+    refs = {run["concurrency"]: run for run in base["runs"]}  # servers may run different levels
     for server in servers:
-        for run, ref in zip(server["runs"], base["runs"]):
-            run["speedup"] = run["output_throughput"] / ref["output_throughput"] if ref["output_throughput"] else None
+        for run in server["runs"]:
+            ref = refs.get(run["concurrency"])
+            run["speedup"] = run["output_throughput"] / ref["output_throughput"] if ref and ref["output_throughput"] \
+                else None
     return base["label"]
 
 
@@ -317,7 +321,7 @@ def _servers(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.bench.common import read_prompts
-    from specdec.bench.scoreboard import machine_name, save_json
+    from specdec.bench.scoreboard import machine_name
 
     if args.n < 1 or args.max_tokens < 1:
         raise InvalidRequestError("--n and --max-tokens must be >= 1")
@@ -329,26 +333,36 @@ def run(args: argparse.Namespace) -> int:
                   prompts=args.prompts or "built-in", max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
                   temperature=args.temperature, n=args.n, label=args.label, change=args.change,
                   machine=machine_name())
-    result["baseline"] = add_speedups(result)
-    if len(servers) > 1:
-        result["plot"] = plot_speedups(result, args.out_dir)
-    path = save_json(result, args.out_dir, "serve")
-    for server in result["servers"]:
-        _print_table(result, server)
+    path = report(result, args.out_dir)
     if not args.no_scoreboard:
-        _scoreboard_rows(result, args)
+        scoreboard_rows(result, args.scoreboard, args.extra_body)
     print(f"saved {path}" + (f"; plot {result['plot']}" if result.get("plot") else ""))
     return 0
 
 
-def _scoreboard_rows(result: dict, args: argparse.Namespace) -> None:
+def report(result: dict, out_dir: str) -> Path:
+    """Speedups over the baseline server, the plot (with two or more servers), the JSON and a table
+    per server, for a result of bench() (or runs of several benches gathered into one)."""
+    from specdec.bench.scoreboard import save_json
+
+    result["baseline"] = add_speedups(result)
+    if len(result["servers"]) > 1:
+        result["plot"] = plot_speedups(result, out_dir)
+    path = save_json(result, out_dir, "serve")
+    for server in result["servers"]:
+        _print_table(result, server)
+    return path
+
+
+def scoreboard_rows(result: dict, scoreboard: str | Path, extra_body: dict | None = None) -> None:
+    """A row per server and level, appended to the scoreboard file."""
     from specdec.bench.scoreboard import ScoreRow, append_row
 
-    label = f" [{args.label}]" if args.label else ""
+    label = f" [{result['label']}]" if result.get("label") else ""
     for server in result["servers"]:
         info = server["server_speculation"]
-        draft = (args.extra_body or {}).get("draft") or info.get("draft", "?")
-        k = (args.extra_body or {}).get("k") or info.get("k", "-")
+        draft = (extra_body or {}).get("draft") or info.get("draft", "?")
+        k = (extra_body or {}).get("k") or info.get("k", "-")
         name = "" if server["label"] == "server" else f"{server['label']}: "
         for r in server["runs"]:
             spec = r["spec_decode"] if r["spec_decode"] and r["spec_decode"]["num_drafts"] else {}
@@ -356,7 +370,7 @@ def _scoreboard_rows(result: dict, args: argparse.Namespace) -> None:
                                 k=str(k) if spec else "-", precision="-", tokens_per_second=r["output_throughput"],
                                 speedup=r.get("speedup") if len(result["servers"]) > 1 else None,
                                 tau=spec.get("mean_acceptance_length"), alpha=spec.get("acceptance_rate")),
-                       args.scoreboard)
+                       scoreboard)
 
 
 def _print_table(result: dict, server: dict) -> None:

@@ -32,7 +32,9 @@ def add_model_flags(parser: argparse.ArgumentParser, draft_default: str | None =
     from specdec.drafters.registry import DEFAULT_DRAFT, draft_help
 
     parser.add_argument("--target", default="default",
-                        help="target model: `default` (embedded SmolLM2-135M), a hub id, a directory or a .gguf")
+                        help="target model: `default` (embedded SmolLM2-135M), a hub id, a directory, a .gguf, or "
+                             "`random:SIZE` (random weights at a real size, e.g. random:llama-3.1-8b, with a "
+                             "stand-in byte-level tokenizer: for engine and server benchmarks, not for text)")
     parser.add_argument("--draft", default=draft_default or DEFAULT_DRAFT,
                         help=f"draft: {draft_help()} (default: %(default)s)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

@@ -75,6 +75,10 @@ class Drafter(ABC):
         raise DraftSpecError(f"the {self.name} draft cannot draft for several sequences at once "
                                    "(it holds one sequence's state): choose lookup, a head or a draft model")
 
+    def warm_up(self) -> None:
+        """Prepare what its first drafts would otherwise prepare mid-run (a draft slot model's CUDA
+        graphs); nothing for most kinds."""
+
     def observe(self, features: torch.Tensor) -> None:
         """The target's features [m, (len(feature_layers) + 1) * D] (the outputs of feature_layers,
         then the input of its LM head) of the next m tokens of the text that became final, in

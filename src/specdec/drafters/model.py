@@ -106,6 +106,9 @@ class DraftSlots:
         self.model.release(slot)
         self._free.append(slot)
 
+    def warm_up(self) -> None:
+        self.model.warm_up()
+
 
 class DraftLease:
     """One sequence's slot in DraftSlots: leased at its first begin(), kept across begin()s, given
@@ -174,6 +177,9 @@ class SlotDrafter(Drafter):
 
     def fork(self) -> "SlotDrafter":
         return SlotDrafter(self.pool, self.vocab_size, self.name)
+
+    def warm_up(self) -> None:
+        self.pool.warm_up()
 
     def begin(self, prompt: list[int]) -> None:
         self.lease.begin(prompt)

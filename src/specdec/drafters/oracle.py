@@ -109,6 +109,10 @@ class OracleDrafter(Drafter):
         if self.lease is not None:
             self.lease.end()
 
+    def warm_up(self) -> None:
+        if self.lease is not None:
+            self.lease.pool.warm_up()
+
     def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
         return self.propose_batch([self], [context], [k], [params], [generator])[0]
 

@@ -112,8 +112,11 @@ class DraftMenu:
         self._prototypes: dict[str, Drafter] = {}
 
     def adopt(self, spec: str, drafter: Drafter) -> None:
-        """Serve `spec` with forks of a drafter already built, so its weights are not loaded again."""
-        self._add(spec, drafter.for_batch(self.max_slots))
+        """Serve `spec` with forks of a drafter already built, so its weights are not loaded again; its
+        batch prototype prepares now what its first drafts would prepare mid-run (CUDA graphs)."""
+        prototype = drafter.for_batch(self.max_slots)
+        prototype.warm_up()
+        self._add(spec, prototype)
 
     def fresh(self, spec: str) -> Drafter:
         """A new drafter of kind `spec` for one sequence (DraftSpecError for a kind that cannot fork)."""

@@ -109,6 +109,9 @@ NAMED_SIZES: dict[str, LlamaArch] = {
                             intermediate=11008, max_position=4096),
     "smollm2-135m": LlamaArch(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3,
                               intermediate=1536, rope_theta=100000.0, tie_embeddings=True),
+    # Not a real model: a Llama small enough for tests and smoke runs on a CPU (`random:llama-tiny`).
+    "llama-tiny": LlamaArch(vocab_size=384, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, intermediate=128,
+                            max_position=1024),
 }
 
 

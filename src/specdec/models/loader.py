@@ -11,6 +11,7 @@ from transformers.utils import logging as hf_logging
 
 from specdec.errors import ModelLoadError, UnsupportedHereError, VocabularyMismatchError
 from specdec.models import default as default_model
+from specdec.models import random_weights
 from specdec.models.base import CausalLM
 from specdec.models.hf import HFCausalLM
 
@@ -86,7 +87,8 @@ BACKENDS = ("auto", "native", "hf")
 
 def load_model(name: str, device: str | None = None, dtype: str | None = None, backend: str = "auto",
                megakernel: bool = False) -> LoadedModel:
-    """Load a target or draft: `default`, a hub id (from the local cache), a directory or a .gguf file.
+    """Load a target or draft: `default`, a hub id (from the local cache), a directory, a .gguf file,
+    or `random:SIZE` (random weights at a real size, for engine benchmarks: random_weights.py).
 
     backend: `native` (the fast Llama-family model), `hf` (any transformers model) or `auto`
     (native for supported Llama-family architectures, hf otherwise). On a CPU native needs fp32 and
@@ -96,6 +98,8 @@ def load_model(name: str, device: str | None = None, dtype: str | None = None, b
     if backend not in BACKENDS:
         raise ModelLoadError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     dev = pick_device(device)
+    if random_weights.is_random(name):
+        return random_weights.load_random(name, dev, pick_dtype(dtype, dev), backend, megakernel)
     location, extra = resolve(name)
     hf_logging.disable_progress_bar()  # a bar per load would bury the command's own output
     try:

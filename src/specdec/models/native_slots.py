@@ -236,6 +236,10 @@ class NativeSlots(SlotModel):
                 if rows is not None:
                     self._graph(rows, layers)
 
+    def warm_up(self) -> None:
+        """Every graph a pass can replay (SlotModel.warm_up): a capture costs about a second at 8B."""
+        self.capture(*self.options.graph_rows)
+
     def _graph(self, rows: int, capture: tuple[int, ...]):
         from specdec.models.ragged_plan import MetaLayout, RaggedGraph
 

@@ -84,6 +84,10 @@ class SlotModel(ABC):
         """As CausalLM.cheap_verify_rows: whether a few more rows in a pass cost about nothing here."""
         return self.device.type != "cpu"
 
+    def warm_up(self) -> None:
+        """Prepare now what the first passes of each size would otherwise prepare in the middle of a
+        run (CUDA graphs), so that a server's first requests are timed like the rest; nothing here."""
+
 
 class LoopSlots(SlotModel):
     """A slot model made of one CausalLM per slot, run one sequence after another.

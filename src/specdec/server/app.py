@@ -67,6 +67,7 @@ class ServerState:
         self.metrics = ServerMetrics(config.model_name)
         runtime = self.default_runtime
         self.slots = slot_target(runtime.target.model, config.max_num_seqs, config.max_model_len)
+        self.slots.warm_up()  # before the auto policy times the target, and before any request
         self.drafters = DraftMenu(runtime.target, self.slots.max_slots)
         for name, loaded in runtimes.items():
             self.drafters.adopt(name, loaded.drafter)  # forks share its weights: none is loaded twice
@@ -201,7 +202,8 @@ def _model_card(state: ServerState) -> dict:
     c = state.config
     return {"id": c.model_name, "object": "model", "created": P.now(), "owned_by": "specdec",
             "max_model_len": state.max_model_len,
-            "specdec": {"drafters": list(state.runtimes), "draft": c.default_draft, "k": _server_k(c),
+            "specdec": {"target": state.default_runtime.target.name,  # the model's own name, e.g. "(random weights)"
+                        "drafters": list(state.runtimes), "draft": c.default_draft, "k": _server_k(c),
                         "speculation": c.speculation.mode,
                         "max_k": P.MAX_K, "max_num_seqs": state.slots.max_slots, "max_queue": c.max_queue,
                         "kv_cache_bytes": state.kv_cache_bytes}}

@@ -62,7 +62,9 @@ class DrainingServer(uvicorn.Server):
 
 def make_server(app, worker, host: str, port: int, log_level: str, limits, grace_s: float) -> DrainingServer:
     """uvicorn behind our protocol (header and idle timers) with its own timeouts set from `limits`."""
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+    # loop="asyncio": the loop the tests run (uvicorn's "auto" would take uvloop where it is installed,
+    # as on the GPU machines, and serve there with a loop no test has seen).
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, loop="asyncio",
                             http=functools.partial(TimedH11Protocol, limits=limits),
                             timeout_keep_alive=limits.keep_alive_s, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
                             timeout_graceful_shutdown=FLUSH_S)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The serving benchmark of issue 26 (benchmarks/gpu_serving.py says what it runs), on the GPU machine:
+#   bash benchmarks/gpu_serving.sh              # H200: results under $OUT
+#   bash benchmarks/gpu_serving.sh --smoke      # the tiny CPU version, here (also what runs without a GPU)
+# Wheels carried in .whl/ (FastAPI, uvicorn, pydantic: the GPU image lacks them) go to /tmp/site first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:src
+else
+    export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# The driver stops its servers on exit, on SIGTERM and at its own deadline (--deadline-s); the outer
+# timeout is the last resort, a little past that deadline, should the driver itself hang.
+exec timeout --kill-after=20 600 python3 benchmarks/gpu_serving.py --out "${OUT:-results/gpu-serving}" "$@"
