@@ -22,11 +22,13 @@ embedding rows), and `forward` runs a whole step. Three launches a layer fewer t
 nine before (a norm before each of two GEMVs, RoPE on its own): an H200 step 4% faster, 1B and 8B
 shapes alike (docs/gpu.md).
 
-Exactness by construction: every kernel computes each token row with the same tile sizes and the
-same reduction order whatever the number of rows (row blocks are always ROWS = 16 wide; the
-tensor-core products treat rows independently; the tile tuner is keyed on the matrix shape only, so a
-1-token step and a verify step of the same model use one configuration; a load that feeds a sum
-has the same layout whatever the row count, see `_rstd`). So row i of a verify
+Exactness by construction: every kernel computes each token row with the same reduction order
+whatever the number of rows (row blocks are always ROWS = 16 wide; the tensor-core products treat
+rows and columns independently; split-K slices and the k order are fixed by the matrix shape; the
+sums of squares for the norms are per 16 columns in a fixed pairwise tree, see `_tree_sum`). Passes
+of up to 16 rows use the tile tuned on a 1-token step; wider passes a tile with more columns a
+program (BLOCK_N), which changes none of a row's sums, tuned on 64 rows and taken only if its every
+output is bit for bit the narrow tile's (`_tune_wide`). So row i of a verify
 pass gets bit-for-bit the logits a single-token step would give (checked on an H200 by `specdec
 bench gpu`), and greedy speculative output equals plain greedy output in bf16 too, with no padded
 rows. The attention runs to the last row's position; blocks and chunks that a row may not see
