@@ -65,6 +65,66 @@ def test_never_predicts_worse_than_plain_under_its_own_model(alpha, batch, draft
     assert plan.predicted_tokens_per_second == pytest.approx(tokens / step_seconds(GPU_LIKE, plan.ks, [], draft_cost))
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_the_plan_is_the_best_of_every_split_under_the_model(seed):
+    """Brute force over every K vector, with costs of any shape (on a CPU 5 rows may cost less than
+    1): no split beats choose_ks's, and choose_ks's prediction is its own split's."""
+    import itertools
+    import random
+
+    rng = random.Random(seed)
+    batch = rng.randint(1, 3)
+    rows = (1, 2, 3, 5)
+    cost = VerifyCostTable((1, 2, 3), rows, tuple(tuple(rng.uniform(1, 3) for _ in rows) for _ in range(3)))
+    alphas = [rng.choice([0.0, rng.random(), 1.0]) for _ in range(batch)]
+    caps = [rng.randint(0, 4) for _ in range(batch)]
+    draft = rng.choice([0.0, 0.05, 0.3])
+    plan = choose_ks(alphas, caps, cost, draft)
+    rate = lambda ks: sum(tokens_at(a, k) for a, k in zip(alphas, ks)) / step_seconds(cost, ks, [], draft)  # noqa: E731
+    best = max(rate(ks) for ks in itertools.product(*(range(c + 1) for c in caps)))
+    assert rate(plan.ks) == pytest.approx(best)
+    assert plan.predicted_tokens_per_second == pytest.approx(rate(plan.ks))
+    assert all(0 <= k <= c for k, c in zip(plan.ks, caps))
+
+
+def test_a_sequence_that_stopped_drafting_tries_again_as_its_evidence_fades():
+    from specdec.speculation import AcceptanceEvidence
+
+    policy = SpeculationPolicy.auto(k_max=8)
+    evidence = AcceptanceEvidence()
+    for _ in range(4):  # four rounds with every draft rejected
+        evidence.record(0, 8, policy.fade)
+    alpha = lambda: policy.acceptance(evidence.accepted, evidence.drafted)  # noqa: E731
+    plan = lambda: choose_ks([alpha()], [8], GPU_LIKE, 0.5e-3, min_gain=policy.min_gain)  # noqa: E731
+    assert plan().ks == (0,)
+    steps = 0
+    while plan().ks == (0,):
+        evidence.record(0, 0, policy.fade)  # a plain step: no new evidence, the old fades
+        steps += 1
+    assert policy.half_life_steps <= steps <= 4 * policy.half_life_steps
+    kept = AcceptanceEvidence()
+    for _ in range(200):  # a sequence that keeps drafting keeps a firm estimate of its rate
+        kept.record(3, 4, policy.fade)
+    assert policy.acceptance(kept.accepted, kept.drafted) == pytest.approx(0.75, abs=0.01)
+
+
+def test_the_draft_cost_is_a_recent_median_and_a_high_one_does_not_stick():
+    from specdec.speculation import DraftCost
+
+    cost = DraftCost(prior=0.0, window=8, memory=50)
+    assert cost.per_token == 0.0
+    cost.record(2.0, 4)  # a step that captured a CUDA graph: 0.5 s a token
+    assert choose_ks([0.8], [8], GPU_LIKE, cost.per_token).ks == (0,)  # so high that nobody drafts now
+    for _ in range(50):
+        cost.tick()
+    assert cost.per_token == 0.5
+    cost.tick()  # forgotten: drafting resumes and is timed again
+    assert cost.per_token == 0.0 and choose_ks([0.8], [8], GPU_LIKE, cost.per_token).ks[0] > 1
+    for seconds in (2.0, 0.004, 0.004, 0.0044):
+        cost.record(seconds, 4)
+    assert cost.per_token == pytest.approx(0.001, rel=0.1)  # the outlier moves the median little
+
+
 def test_the_cost_table_interpolates_and_refuses_bad_shapes():
     assert GPU_LIKE.cost(1, 1) == pytest.approx(10e-3)
     assert GPU_LIKE.cost(32, 64) == pytest.approx(24e-3)

@@ -32,7 +32,8 @@ from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, p
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
-from specdec.speculation import SpeculationPolicy, StepDecision, choose_ks, measure_verify_cost
+from specdec.speculation import (AcceptanceEvidence, DraftCost, SpeculationPolicy, StepDecision, StepPlan,
+                                 choose_ks, measure_verify_cost)
 from specdec.transfers import token_tensor
 from specdec.verify import Verdict
 
@@ -139,6 +140,8 @@ class _Sequence:
     pending: torch.Tensor | None = None  # [1] the newest token, fed first by the next verify
     text_checked: int = 0  # generated tokens already checked for stop strings
     running: bool = False  # holds a slot (admitted, not yet left)
+    has_drafted: bool = False  # its drafter has proposed at least once (the first catches up on the prompt)
+    evidence: AcceptanceEvidence = field(default_factory=AcceptanceEvidence)  # what the auto policy reads
 
     @property
     def prefilling(self) -> bool:
@@ -150,9 +153,9 @@ class _Sequence:
         return self.drafter.feature_layers if self.drafter.needs_target_features else None
 
     @property
-    def decodes_plainly(self) -> bool:
-        """Every round of it is one plain step whose settling needs nothing but the token."""
-        return self.drafter.drafts_nothing and self.layers is None and self.config.logprobs is None
+    def settles_plainly(self) -> bool:
+        """A plain step of it needs nothing read back but the token (no features, no logprobs)."""
+        return self.layers is None and self.config.logprobs is None
 
     @property
     def next_is_last(self) -> bool:
@@ -186,8 +189,8 @@ class _Flight:
 
     @property
     def plain(self) -> bool:
-        """Every unit a plain step (a verify of no drafts) of a sequence that decodes plainly."""
-        return all(u.draft is not None and len(u.draft) == 0 and u.seq.decodes_plainly for u in self.units)
+        """Every unit a plain step (a verify of no drafts) of a sequence that settles plainly."""
+        return all(u.draft is not None and len(u.draft) == 0 and u.seq.settles_plainly for u in self.units)
 
 
 class BatchedEngine:
@@ -213,7 +216,7 @@ class BatchedEngine:
         self._verify_cost = policy.verify_cost
         if policy.mode == "auto" and self._verify_cost is None:
             self._verify_cost = measure_verify_cost(target, policy.k)
-        self._drafting = [0.0, 0]  # seconds spent drafting, tokens asked for: the drafter's cost per token
+        self._draft_cost = DraftCost(policy.draft_seconds_per_token)
         self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
         self._pipeline = target.device.type == "cuda" if config.pipeline is None else config.pipeline
         self._ahead: _Flight | None = None  # a plain step queued before the one before it was read
@@ -265,13 +268,13 @@ class BatchedEngine:
         self._admit()
         if not self._running:
             return self.busy
+        self._draft_cost.tick()
         start = time.perf_counter()
         flight, self._ahead = self._still_ahead(), None
         drafted = start
         if flight is None:
             units = self._plan()
             drafted = time.perf_counter()
-            self._drafting[0] += drafted - start
             flight = self._launch(units)
         if self._may_pipeline(flight):
             self._ahead = self._launch_ahead(flight)
@@ -300,15 +303,18 @@ class BatchedEngine:
         return ahead if ahead is not None and any(u.seq.running for u in ahead.units) else None
 
     def _may_pipeline(self, flight: _Flight) -> bool:
-        """Whether the next step may be queued before this one is read: it is plain for every running
-        sequence (all are in it) and no waiting sequence could take a slot it frees by length. (A
-        slot freed by an end-of-sequence token goes to a waiting sequence one step later.)"""
+        """Whether the next step may be queued before this one is read: this one and the next are
+        plain for every running sequence (all are in it) and no waiting sequence could take a slot
+        it frees by length. (A slot freed by an end-of-sequence token goes to a waiting sequence one
+        step later.)"""
         if not self._pipeline or not flight.plain:
             return False
         in_flight = {id(u.seq) for u in flight.units}
         if not all(id(s) in in_flight for s in self._running):
             return False  # a sequence admitted since it was queued: it prefills next
-        return not (self._waiting and (self._free or any(s.next_is_last for s in self._running)))
+        if self._waiting and (self._free or any(s.next_is_last for s in self._running)):
+            return False
+        return self._next_step_is_plain()
 
     def _launch_ahead(self, flight: _Flight) -> _Flight | None:
         """Queue the next plain step, fed with this step's tokens while they are still on the device
@@ -358,8 +364,11 @@ class BatchedEngine:
         """Every running sequence's unit, in batch order: prefill chunks, and verifies after drafting."""
         decoding = [s for s in self._running if not s.prefilling]
         ks = self._decide(decoding)
+        start = time.perf_counter()
         drafts = propose_all([s.drafter for s in decoding], [s.context for s in decoding], ks,
                              [s.config.sampling for s in decoding], [s.generator for s in decoding])
+        if any(ks) and self.config.speculation.mode == "auto":
+            self._time_drafts(decoding, ks, start)
         draft_of = {id(s): d or empty_draft(self.target.device) for s, d in zip(decoding, drafts)}
         units = []
         for seq in self._running:
@@ -371,6 +380,18 @@ class BatchedEngine:
                 units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft))
         return units
 
+    def _time_drafts(self, decoding: list[_Sequence], ks: list[int], start: float) -> None:
+        """The drafting of this step for the auto policy's draft cost: waited for on the device (a
+        draft model's passes run asynchronously; the verify needs their tokens anyway), and not
+        counted when a drafter drafts for its first time (it catches up on the whole prompt then)."""
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize(self.target.device)
+        first = [s for s, k in zip(decoding, ks) if k and not s.has_drafted]
+        if not first:
+            self._draft_cost.record(time.perf_counter() - start, sum(ks))
+        for seq in first:
+            seq.has_drafted = True
+
     def _decide(self, decoding: list[_Sequence]) -> list[int]:
         """K per decoding sequence under the speculation policy; the decision goes to last_decision."""
         policy, ids = self.config.speculation, tuple(s.handle.request_id for s in decoding)
@@ -378,17 +399,28 @@ class BatchedEngine:
             ks = [s.next_k(policy.k if policy.mode == "fixed" else None) for s in decoding]
             self.last_decision = StepDecision(policy.mode, ids, tuple(ks), len(self._running))
             return ks
-        alphas = [policy.acceptance(s.handle.stats.accepted, s.handle.stats.drafted) for s in decoding]
-        seconds, tokens = self._drafting
-        per_token = seconds / tokens if tokens else policy.draft_seconds_per_token
-        other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
-                      for s in self._running if s.prefilling]
-        plan = choose_ks(alphas, [s.next_k(policy.k) for s in decoding], self._verify_cost, per_token, other_rows,
-                         policy.min_gain)
-        self._drafting[1] += sum(plan.ks)
+        plan = self._auto_plan(decoding)
         self.last_decision = StepDecision("auto", ids, plan.ks, len(self._running),
                                           plan.predicted_tokens_per_second, plan.plain_tokens_per_second)
         return list(plan.ks)
+
+    def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
+        """The auto policy's K for each decoding sequence (none for one whose drafter drafts nothing)."""
+        policy = self.config.speculation
+        alphas = [policy.acceptance(s.evidence.accepted, s.evidence.drafted) for s in decoding]
+        caps = [0 if s.drafter.drafts_nothing else s.next_k(policy.k) for s in decoding]
+        per_token = self._draft_cost.per_token
+        other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
+                      for s in self._running if s.prefilling]
+        return choose_ks(alphas, caps, self._verify_cost, per_token, other_rows, policy.min_gain)
+
+    def _next_step_is_plain(self) -> bool:
+        """Whether the step after the one in flight will be plain for every running sequence: always
+        for those that draft nothing; in auto mode, when the policy says K = 0 for all now (the plain
+        step in flight brings no evidence, so after it only one step's fading would differ)."""
+        if all(s.drafter.drafts_nothing for s in self._running):
+            return True
+        return self.config.speculation.mode == "auto" and not any(self._auto_plan(self._running).ks)
 
     def _settle(self, flight: _Flight) -> list[tuple[_Unit, list[EmittedToken], str | None]]:
         """Read the step (its one wait for the device); each unit whose sequence still runs, with its
@@ -438,6 +470,8 @@ class BatchedEngine:
             if reason:
                 break
         stats.record_round(verdict, len(emitted))
+        seq.evidence.record(min(verdict.num_accepted, len(emitted)), verdict.num_drafted,
+                            self.config.speculation.fade)
         seq.text_checked = len(seq.context) - len(seq.prompt)
         return emitted, reason
 

@@ -4,16 +4,20 @@ A step of the batched engine runs one target pass over every decoding sequence's
 Its expected yield is sum_i tau(a_i, K_i) tokens, tau(a, K) = (1 - a^(K+1)) / (1 - a)
 (specdec.speedup), and its cost is the target pass over those rows (a measured verify-cost table
 over batch size and rows per sequence) plus the drafter's cost per drafted token. The auto policy
-picks the K_i that maximise tokens per second of the whole batch, greedily: from all K_i = 0 (a
-plain step) it adds the one draft that raises the batch's rate most, until none does. So under its
-own model a step is never predicted slower than plain decoding. K only changes how many drafts are
+picks the K_i that maximise tokens per second of the whole batch, exactly (choose_ks: the cost
+depends on the drafts only through their number, and each sequence's j-th draft yields a^j), with
+all K_i = 0 (a plain step) among the candidates: under its own model a step is never predicted
+slower than plain decoding. Each sequence's acceptance is a posterior over its own drafts, the
+older the fainter, so one that stopped drafting tries again later. K only changes how many drafts are
 verified, never which tokens come out (the rejection rule keeps the output the target's).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from bisect import bisect_right
+from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -76,7 +80,11 @@ class SpeculationPolicy:
     the batch's expected tokens per second (choose_ks). prior_accepted / prior_rejected: the Beta
     prior of a sequence's acceptance rate before it has drafted (a mean of 0.5 over 2 pseudo-drafts
     by default). verify_cost: the target's cost table; None: the engine measures it at start-up.
-    draft_seconds_per_token: the drafter's cost per drafted token before the engine has timed it.
+    draft_seconds_per_token: the drafter's cost per drafted token before the engine has timed it
+    (DraftCost).
+    half_life_steps: a sequence's acceptance evidence fades by half over this many of its steps, so a
+    sequence that stopped drafting (K = 0 brings no evidence) drifts back towards the prior and
+    drafts again once the policy would try that prior: its text may have become predictable.
     min_gain: a step speculates only when its predicted rate beats plain's by this fraction (the
     cost model is measured, so a prediction within its error is no reason to risk being slower)."""
 
@@ -86,6 +94,7 @@ class SpeculationPolicy:
     prior_rejected: float = 1.0
     verify_cost: VerifyCostTable | None = None
     draft_seconds_per_token: float = 0.0
+    half_life_steps: float = 32.0
     min_gain: float = 0.05
 
     def __post_init__(self) -> None:
@@ -98,6 +107,8 @@ class SpeculationPolicy:
             raise InvalidRequestError("the acceptance prior's pseudo-counts must be > 0")
         if self.draft_seconds_per_token < 0 or self.min_gain < 0:
             raise InvalidRequestError("draft_seconds_per_token and min_gain must be >= 0")
+        if self.half_life_steps <= 0:
+            raise InvalidRequestError("half_life_steps must be > 0")
 
     @classmethod
     def auto(cls, k_max: int = 8, **kwargs) -> "SpeculationPolicy":
@@ -107,9 +118,53 @@ class SpeculationPolicy:
     def fixed(cls, k: int) -> "SpeculationPolicy":
         return cls(mode="fixed", k=k)
 
-    def acceptance(self, accepted: int, drafted: int) -> float:
-        """The posterior mean of a sequence's acceptance rate from its own counts."""
+    def acceptance(self, accepted: float, drafted: float) -> float:
+        """The posterior mean of a sequence's acceptance rate from its own (faded) counts."""
         return (accepted + self.prior_accepted) / (drafted + self.prior_accepted + self.prior_rejected)
+
+    @property
+    def fade(self) -> float:
+        """What a sequence's evidence keeps of itself each step: half over half_life_steps steps."""
+        return 0.5 ** (1.0 / self.half_life_steps)
+
+
+@dataclass
+class AcceptanceEvidence:
+    """A sequence's drafts and accepted drafts, the older the fainter (SpeculationPolicy.fade a step)."""
+
+    accepted: float = 0.0
+    drafted: float = 0.0
+
+    def record(self, accepted: int, drafted: int, fade: float) -> None:
+        self.accepted = self.accepted * fade + accepted
+        self.drafted = self.drafted * fade + drafted
+
+
+class DraftCost:
+    """The drafter's seconds per drafted token as the auto policy reads it: the median of the latest
+    `window` timed drafting steps, so that one outlier (a CUDA graph captured, a draft model catching
+    up on a long context) does not set it; forgotten after `memory` steps without a timed one, so
+    that an estimate too high to let anyone draft cannot keep drafting off for good. prior: what it
+    reads before any step was timed."""
+
+    def __init__(self, prior: float, window: int = 32, memory: int = 512):
+        self.prior, self.memory = prior, memory
+        self._samples: deque[float] = deque(maxlen=window)
+        self._steps = self._timed_at = 0
+
+    def tick(self) -> None:
+        """One engine step went by."""
+        self._steps += 1
+        if self._samples and self._steps - self._timed_at > self.memory:
+            self._samples.clear()
+
+    def record(self, seconds: float, tokens: int) -> None:
+        self._samples.append(seconds / tokens)
+        self._timed_at = self._steps
+
+    @property
+    def per_token(self) -> float:
+        return statistics.median(self._samples) if self._samples else self.prior
 
 
 def policy_from_flag(text: str | None, k_max: int) -> SpeculationPolicy:
@@ -149,73 +204,82 @@ class StepPlan:
 
 def step_seconds(cost: VerifyCostTable, ks: Sequence[int], other_rows: Sequence[int], draft_per_token: float) -> float:
     """Predicted seconds of a step: one pass over every sequence's rows plus the drafting."""
-    rows = sum(k + 1 for k in ks) + sum(other_rows)
-    return cost.cost(len(ks) + len(other_rows), rows) + draft_per_token * sum(ks)
+    return _seconds_with(cost, len(ks), sum(ks), other_rows, draft_per_token)
 
 
 def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTable, draft_per_token: float,
               other_rows: Sequence[int] = (), min_gain: float = 0.0) -> StepPlan:
-    """Greedy marginal gain: K_i from 0 up to caps[i], one draft at a time, each time the one that
-    raises the batch's tokens per second most; stop when no draft raises it. other_rows: the rows
-    of prefill chunks sharing the pass (they cost time and yield no tokens). A plan predicted less
-    than min_gain above plain's rate gives way to the plain step."""
-    plan = _greedy_ks(alphas, caps, cost, draft_per_token, other_rows)
-    if plan.predicted_tokens_per_second < (1 + min_gain) * len(alphas) / plan.plain_seconds:
-        return StepPlan((0,) * len(alphas), float(len(alphas)), plan.plain_seconds, plan.plain_seconds)
-    return plan
+    """The K_i (0 up to caps[i]) that maximise the batch's predicted tokens per second.
 
-
-def _greedy_ks(alphas, caps, cost, draft_per_token, other_rows) -> StepPlan:
+    A step's cost depends on the drafts only through their total D (the pass over B sequences and
+    B + D rows, plus D drafted tokens), and the j-th draft of a sequence with acceptance a adds
+    a^j expected tokens, less than its (j-1)-th. So for each D the best split gives the D drafts
+    of largest gain, whoever they belong to, and the plan is the best of D = 0 .. sum(caps): the
+    exact optimum under the model, whatever shape the measured cost has (on a CPU a pass of 5 rows
+    may cost less than one of 1). other_rows: the rows of prefill chunks sharing the pass (they
+    cost time and yield no tokens). A plan predicted less than min_gain above plain's rate gives
+    way to the plain step."""
+    gains = sorted(((alpha ** j, i) for i, (alpha, cap) in enumerate(zip(alphas, caps))
+                    for j in range(1, cap + 1)), key=lambda g: -g[0])
+    plain = step_seconds(cost, [0] * len(alphas), other_rows, draft_per_token)
+    best_d, best_rate, tokens = 0, len(alphas) / plain, float(len(alphas))
+    best_tokens, best_seconds = tokens, plain
+    for d, (gain, _) in enumerate(gains, start=1):
+        tokens += gain
+        seconds = _seconds_with(cost, len(alphas), d, other_rows, draft_per_token)
+        if tokens / seconds > best_rate * (1 + 1e-9):
+            best_d, best_rate, best_tokens, best_seconds = d, tokens / seconds, tokens, seconds
+    if best_rate < (1 + min_gain) * len(alphas) / plain:
+        return StepPlan((0,) * len(alphas), float(len(alphas)), plain, plain)
     ks = [0] * len(alphas)
-    plain = step_seconds(cost, ks, other_rows, draft_per_token)
-    tokens, seconds = float(len(ks)), plain
-    while True:
-        best = None
-        for i, alpha in enumerate(alphas):
-            if ks[i] >= caps[i]:
-                continue
-            ks[i] += 1
-            t = tokens - tokens_at(alpha, ks[i] - 1) + tokens_at(alpha, ks[i])
-            s = step_seconds(cost, ks, other_rows, draft_per_token)
-            ks[i] -= 1
-            if t / s > tokens / seconds * (1 + 1e-9) and (best is None or t / s > best[1] / best[2]):
-                best = (i, t, s)
-        if best is None:
-            return StepPlan(tuple(ks), tokens, seconds, plain)
-        ks[best[0]] += 1
-        tokens, seconds = best[1], best[2]
+    for _, i in gains[:best_d]:
+        ks[i] += 1
+    return StepPlan(tuple(ks), best_tokens, best_seconds, plain)
+
+
+def _seconds_with(cost: VerifyCostTable, num_seqs: int, drafts: int, other_rows: Sequence[int],
+                  draft_per_token: float) -> float:
+    """step_seconds of num_seqs decoding sequences drafting `drafts` tokens in all."""
+    rows = num_seqs + drafts + sum(other_rows)
+    return cost.cost(num_seqs + len(other_rows), rows) + draft_per_token * drafts
 
 
 def measure_verify_cost(target, k_max: int, trials: int = 5) -> VerifyCostTable:
     """Time forward_ragged on the target's (empty) slots: batch sizes 1, 2, 4, .. max_slots, rows per
-    sequence 1, 2, 3, 5, .. k_max + 1, the fastest of `trials` on top of a short cached prompt (the
-    fastest: on a shared machine the noise only ever adds time)."""
+    sequence 1, 2, 3, 5, .. k_max + 1, on top of a short cached prompt. The cells take turns, one
+    trial of each at a time (drift on a shared machine hits all alike); each is the median of its
+    trials. The table keeps its shape as measured: on a CPU a pass of 5 rows can cost less than one
+    of 1 (the matmul path changes with the row count), and choose_ks takes any shape."""
     batches = _powers_up_to(target.max_slots)
     rows = tuple(sorted({1, 2, 3, *(r + 1 for r in _powers_up_to(k_max)), k_max + 1}))
     prompt = 16
-    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     slots = list(range(batches[-1]))
     target.forward_ragged(slots, [torch.ones(prompt, dtype=torch.long, device=target.device)] * len(slots),
                           logits=[False] * len(slots))
-    table = []
-    for b in batches:
-        line = []
-        for r in rows:
-            new = [torch.ones(r, dtype=torch.long, device=target.device)] * b
-            times = []
-            for _ in range(trials + 1):  # the first is a warm-up
-                sync()
-                start = time.perf_counter()
-                target.forward_ragged(slots[:b], new)
-                sync()
-                times.append(time.perf_counter() - start)
-                for s in slots[:b]:
-                    target.rollback(s, prompt)
-            line.append(min(times[1:]))
-        table.append(tuple(line))
+    times = {(b, r): [] for b in batches for r in rows}
+    for trial in range(trials + 1):  # the first is a warm-up
+        for b, r in times:
+            seconds = _time_pass(target, slots[:b], r, prompt)
+            if trial:
+                times[b, r].append(seconds)
     for s in slots:
         target.release(s)
-    return VerifyCostTable(batches, rows, tuple(table))
+    medians = [[statistics.median(times[b, r]) for r in rows] for b in batches]
+    return VerifyCostTable(batches, rows, tuple(map(tuple, medians)))
+
+
+def _time_pass(target, slots: list[int], rows: int, prompt: int) -> float:
+    """Seconds of one pass of `rows` new tokens on each slot, then the slots back to the prompt."""
+    sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
+    new = [torch.ones(rows, dtype=torch.long, device=target.device)] * len(slots)
+    sync()
+    start = time.perf_counter()
+    target.forward_ragged(slots, new)
+    sync()
+    seconds = time.perf_counter() - start
+    for s in slots:
+        target.rollback(s, prompt)
+    return seconds
 
 
 @dataclass(frozen=True)

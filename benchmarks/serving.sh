@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The serving benchmark of issue 26 (benchmarks/gpu_serving.py says what it runs), on the GPU machine:
-#   bash benchmarks/gpu_serving.sh              # H200: results under $OUT
-#   bash benchmarks/gpu_serving.sh --smoke      # the tiny CPU version, here (also what runs without a GPU)
+# The serving benchmark of issue 26 (benchmarks/serving.py says what it runs):
+#   bash benchmarks/serving.sh              # H200: results under $OUT
+#   bash benchmarks/serving.sh --smoke      # the tiny CPU version, here (also what runs without a GPU)
+#   bash benchmarks/serving.sh --cpu        # the embedded model on this CPU (the README's table)
 # Wheels carried in .whl/ (FastAPI, uvicorn, pydantic: the GPU image lacks them) go to /tmp/site first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,4 +14,4 @@ else
 fi
 # The driver stops its servers on exit, on SIGTERM and at its own deadline (--deadline-s); the outer
 # timeout is the last resort, a little past that deadline, should the driver itself hang.
-exec timeout --kill-after=20 600 python3 benchmarks/gpu_serving.py --out "${OUT:-results/gpu-serving}" "$@"
+exec timeout --kill-after=20 600 python3 benchmarks/serving.py --out "${OUT:-results/gpu-serving}" "$@"

@@ -12,9 +12,11 @@ scoreboard row per server and level, the servers' logs and a short summary table
 
 Random weights and the oracle measure the engine and the server, not a model pair: every number
 here is labelled so. With --smoke (and on a machine without a GPU) the same run at a tiny size on
-the CPU, a few requests a level, tests this script end to end in about a minute.
+the CPU, a few requests a level, tests this script end to end in about a minute. With --cpu, the
+README's CPU table: the embedded SmolLM2-135M with its default drafter (`auto`: lookup, then the
+embedded draft model) on this machine's CPU, one torch thread a server.
 
-    bash benchmarks/gpu_serving.sh [--smoke] [--out DIR] [--deadline-s S]
+    bash benchmarks/serving.sh [--smoke | --cpu] [--out DIR] [--deadline-s S]
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Plan:
     max_tokens: int
     warmup_tokens: int
     server_flags: tuple[str, ...] = ()
+    label: str = "oracle alpha 0.8 on random weights (random:llama-3.1-8b): an engine measurement"
     start_timeout_s: float = 420.0  # Triton compiles and graph captures of the first server dominate
     request_timeout_s: float = 180.0
 
@@ -88,10 +91,16 @@ class Plan:
 # n per level: 8 at concurrency 1, else twice the concurrency (the whole GPU run: about 5 minutes).
 GPU = Plan(target="random:llama-3.1-8b", draft="oracle:0.8:random:llama-3.2-1b", k=4, device="cuda",
            max_num_seqs=32, max_model_len=1024, levels=(1, 4, 16, 32), n_per_level=(8, 16, 32, 64),
-           max_tokens=256, warmup_tokens=32)
+           max_tokens=256, warmup_tokens=128)
 SMOKE = Plan(target="random:llama-tiny", draft="oracle:0.8:random:llama-tiny", k=4, device="cpu",
              max_num_seqs=4, max_model_len=512, levels=(1, 4), n_per_level=(2, 4), max_tokens=16,
-             warmup_tokens=4, server_flags=("--threads", "1"), start_timeout_s=120.0, request_timeout_s=60.0)
+             warmup_tokens=4, server_flags=("--threads", "1"), start_timeout_s=120.0, request_timeout_s=60.0,
+             label="oracle alpha 0.8 on random weights (random:llama-tiny): a smoke run")
+# The embedded model and its default drafter on the CPU (about 20 minutes on 2 shared cores).
+CPU = Plan(target="default", draft="auto", k=4, device="cpu", max_num_seqs=16, max_model_len=1024,
+           levels=(1, 4, 16), n_per_level=(8, 16, 32), max_tokens=64, warmup_tokens=16,
+           server_flags=("--threads", "1"), start_timeout_s=180.0, request_timeout_s=600.0,
+           label="embedded SmolLM2-135M, default drafter (auto), one torch thread")
 
 
 class Deadline(Exception):
@@ -168,8 +177,10 @@ def run_server(plan: Plan, spec: ServerSpec, log, work: Path, entries: dict) -> 
     try:
         server.wait_ready(plan.start_timeout_s)
         print(f"[{spec.label}] ready in {time.monotonic() - started:.0f} s; warming up", flush=True)
-        # Every prompt at the server's own batch size: the oracle's recordings, Triton's compiles.
-        bench_level(server.url, spec.label, spec.slots, max(spec.slots, 4), plan.warmup_tokens,
+        # Every prompt at the server's own batch size, twice as many requests as slots so that the
+        # second wave joins a running batch: the oracle's recordings, and Triton's compiles and
+        # tunings for the mixed prefill/decode shapes (else they stall the first level that meets them).
+        bench_level(server.url, spec.label, spec.slots, max(2 * spec.slots, 4), plan.warmup_tokens,
                     plan.request_timeout_s, work)
         for level in spec.levels or plan.levels:
             n = min(plan.n_at(level), spec.max_n or plan.n_at(level))
@@ -192,7 +203,7 @@ def gather(plan: Plan, entries: dict, device: str) -> dict:
     return {"servers": list(entries.values()), "date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai-chat",
             "prompts": "built-in", "max_tokens": plan.max_tokens, "ignore_eos": True, "temperature": 0.0,
             "n": dict(zip(map(str, plan.levels), plan.n_per_level)), "machine": f"{machine_name()}, {device}",
-            "label": f"oracle alpha 0.8 on random weights ({plan.target}): an engine measurement",
+            "label": plan.label,
             "change": "", "plan": asdict(plan)}
 
 
@@ -219,6 +230,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="the tiny CPU version (also chosen without a GPU)")
+    p.add_argument("--cpu", action="store_true", help="the embedded model on this CPU (the README's table)")
+    p.add_argument("--servers", default=None,
+                   help="only these of plain, auto, one-at-a-time, k4 (comma-separated; default: all)")
     p.add_argument("--out", default="results/gpu-serving", help="where the results go (default: %(default)s)")
     p.add_argument("--deadline-s", type=float, default=540.0,
                    help="stop measuring after this many seconds and report what was measured "
@@ -234,10 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     args = parse_args(argv)
-    gpu = torch.cuda.is_available() and not args.smoke
-    if not gpu and not args.smoke:
-        print("gpu_serving: no GPU here; running the CPU smoke version", flush=True)
-    plan, device = (GPU, torch.cuda.get_device_name()) if gpu else (SMOKE, "CPU smoke run")
+    gpu = torch.cuda.is_available() and not (args.smoke or args.cpu)
+    if not gpu and not (args.smoke or args.cpu):
+        print("serving: no GPU here; running the CPU smoke version", flush=True)
+    if args.cpu:
+        plan, device = CPU, f"CPU, {os.cpu_count()} cores"
+    else:
+        plan, device = (GPU, torch.cuda.get_device_name()) if gpu else (SMOKE, "CPU smoke run")
+    chosen = [s for s in plan.servers() if args.servers is None or s.label in args.servers.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for signum in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT):
@@ -246,10 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     entries: dict = {}
     with tempfile.TemporaryDirectory() as work, (out / "servers.log").open("w") as log:
         try:
-            for spec in plan.servers():
+            for spec in chosen:
                 run_server(plan, spec, log, Path(work), entries)
         except Deadline as why:
-            print(f"gpu_serving: stopped ({why}: SIGALRM is the {args.deadline_s:.0f} s deadline); "
+            print(f"serving: stopped ({why}: SIGALRM is the {args.deadline_s:.0f} s deadline); "
                   "reporting what was measured", flush=True)
         finally:
             signal.alarm(0)
@@ -257,14 +275,14 @@ def main(argv: list[str] | None = None) -> int:
                 signal.signal(signum, signal.SIG_IGN)  # the report and the last stops run to the end
             for server in STARTED:
                 server.stop()
-    return report(plan, entries, device, out)
+    return report(plan, entries, device, out, len(chosen))
 
 
-def report(plan: Plan, entries: dict, device: str, out: Path) -> int:
+def report(plan: Plan, entries: dict, device: str, out: Path, expected: int) -> int:
     from specdec.bench.serve import report as serve_report, scoreboard_rows
 
     if not entries:
-        print("gpu_serving: nothing was measured (see servers.log)")
+        print("serving: nothing was measured (see servers.log)")
         return 1
     result = gather(plan, entries, device)
     path = serve_report(result, str(out))
@@ -276,7 +294,7 @@ def report(plan: Plan, entries: dict, device: str, out: Path) -> int:
     print(f"{plan.target}, {plan.draft}, K {plan.k}, {device}; max_tokens {plan.max_tokens}, greedy, ignore_eos; "
           f"n per level {dict(zip(plan.levels, plan.n_per_level))}")
     print("\n".join(lines))
-    return 0 if len(entries) == len(plan.servers()) else 1
+    return 0 if len(entries) == expected else 1
 
 
 if __name__ == "__main__":
