@@ -32,7 +32,7 @@ from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, p
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
-from specdec.speculation import (AcceptanceEvidence, DraftCost, SpeculationPolicy, StepDecision, StepPlan,
+from specdec.speculation import (DraftCost, SpeculationPolicy, StepDecision, StepPlan,
                                  choose_ks, measure_verify_cost)
 from specdec.transfers import token_tensor
 from specdec.verify import Verdict
@@ -141,7 +141,6 @@ class _Sequence:
     text_checked: int = 0  # generated tokens already checked for stop strings
     running: bool = False  # holds a slot (admitted, not yet left)
     has_drafted: bool = False  # its drafter has proposed at least once (the first catches up on the prompt)
-    evidence: AcceptanceEvidence = field(default_factory=AcceptanceEvidence)  # what the auto policy reads
 
     @property
     def prefilling(self) -> bool:
@@ -407,7 +406,7 @@ class BatchedEngine:
     def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
         """The auto policy's K for each decoding sequence (none for one whose drafter drafts nothing)."""
         policy = self.config.speculation
-        alphas = [policy.acceptance(s.evidence.accepted, s.evidence.drafted) for s in decoding]
+        alphas = [policy.acceptance(s.handle.stats.accepted, s.handle.stats.drafted) for s in decoding]
         caps = [0 if s.drafter.drafts_nothing else s.next_k(policy.k) for s in decoding]
         per_token = self._draft_cost.per_token
         other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
@@ -417,7 +416,7 @@ class BatchedEngine:
     def _next_step_is_plain(self) -> bool:
         """Whether the step after the one in flight will be plain for every running sequence: always
         for those that draft nothing; in auto mode, when the policy says K = 0 for all now (the plain
-        step in flight brings no evidence, so after it only one step's fading would differ)."""
+        step in flight brings no evidence that could change its mind, only a token more each)."""
         if all(s.drafter.drafts_nothing for s in self._running):
             return True
         return self.config.speculation.mode == "auto" and not any(self._auto_plan(self._running).ks)
@@ -470,8 +469,6 @@ class BatchedEngine:
             if reason:
                 break
         stats.record_round(verdict, len(emitted))
-        seq.evidence.record(min(verdict.num_accepted, len(emitted)), verdict.num_drafted,
-                            self.config.speculation.fade)
         seq.text_checked = len(seq.context) - len(seq.prompt)
         return emitted, reason
 

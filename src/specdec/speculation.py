@@ -7,8 +7,7 @@ over batch size and rows per sequence) plus the drafter's cost per drafted token
 picks the K_i that maximise tokens per second of the whole batch, exactly (choose_ks: the cost
 depends on the drafts only through their number, and each sequence's j-th draft yields a^j), with
 all K_i = 0 (a plain step) among the candidates: under its own model a step is never predicted
-slower than plain decoding. Each sequence's acceptance is a posterior over its own drafts, the
-older the fainter, so one that stopped drafting tries again later. K only changes how many drafts are
+slower than plain decoding. Each sequence's acceptance is a posterior over its own drafts. K only changes how many drafts are
 verified, never which tokens come out (the rejection rule keeps the output the target's).
 """
 
@@ -78,23 +77,19 @@ class SpeculationPolicy:
     mode "request": each request's GenerationConfig.k (the engine's behaviour before policies).
     mode "fixed": k for every sequence. mode "auto": 0..k per sequence per step, chosen to maximise
     the batch's expected tokens per second (choose_ks). prior_accepted / prior_rejected: the Beta
-    prior of a sequence's acceptance rate before it has drafted (a mean of 0.5 over 2 pseudo-drafts
-    by default). verify_cost: the target's cost table; None: the engine measures it at start-up.
+    prior of a sequence's acceptance rate before it has drafted (a mean of 0.5 over 4 pseudo-drafts
+    by default: one unlucky first round, 0 of 4, leaves 0.25, not 0.17). verify_cost: the target's cost table; None: the engine measures it at start-up.
     draft_seconds_per_token: the drafter's cost per drafted token before the engine has timed it
     (DraftCost).
-    half_life_steps: a sequence's acceptance evidence fades by half over this many of its steps, so a
-    sequence that stopped drafting (K = 0 brings no evidence) drifts back towards the prior and
-    drafts again once the policy would try that prior: its text may have become predictable.
     min_gain: a step speculates only when its predicted rate beats plain's by this fraction (the
     cost model is measured, so a prediction within its error is no reason to risk being slower)."""
 
     mode: str = "request"
     k: int = 4
-    prior_accepted: float = 1.0
-    prior_rejected: float = 1.0
+    prior_accepted: float = 2.0
+    prior_rejected: float = 2.0
     verify_cost: VerifyCostTable | None = None
     draft_seconds_per_token: float = 0.0
-    half_life_steps: float = 32.0
     min_gain: float = 0.05
 
     def __post_init__(self) -> None:
@@ -107,8 +102,6 @@ class SpeculationPolicy:
             raise InvalidRequestError("the acceptance prior's pseudo-counts must be > 0")
         if self.draft_seconds_per_token < 0 or self.min_gain < 0:
             raise InvalidRequestError("draft_seconds_per_token and min_gain must be >= 0")
-        if self.half_life_steps <= 0:
-            raise InvalidRequestError("half_life_steps must be > 0")
 
     @classmethod
     def auto(cls, k_max: int = 8, **kwargs) -> "SpeculationPolicy":
@@ -118,26 +111,9 @@ class SpeculationPolicy:
     def fixed(cls, k: int) -> "SpeculationPolicy":
         return cls(mode="fixed", k=k)
 
-    def acceptance(self, accepted: float, drafted: float) -> float:
-        """The posterior mean of a sequence's acceptance rate from its own (faded) counts."""
+    def acceptance(self, accepted: int, drafted: int) -> float:
+        """The posterior mean of a sequence's acceptance rate from its own counts."""
         return (accepted + self.prior_accepted) / (drafted + self.prior_accepted + self.prior_rejected)
-
-    @property
-    def fade(self) -> float:
-        """What a sequence's evidence keeps of itself each step: half over half_life_steps steps."""
-        return 0.5 ** (1.0 / self.half_life_steps)
-
-
-@dataclass
-class AcceptanceEvidence:
-    """A sequence's drafts and accepted drafts, the older the fainter (SpeculationPolicy.fade a step)."""
-
-    accepted: float = 0.0
-    drafted: float = 0.0
-
-    def record(self, accepted: int, drafted: int, fade: float) -> None:
-        self.accepted = self.accepted * fade + accepted
-        self.drafted = self.drafted * fade + drafted
 
 
 class DraftCost:

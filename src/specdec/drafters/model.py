@@ -119,11 +119,11 @@ class DraftLease:
         self.slot: int | None = None
 
     def begin(self, prompt: list[int]) -> None:
+        """An empty slot: the prompt goes in with its first draft (step_together feeds what the cache
+        has not seen), so a sequence that never drafts (K = 0 all along) never pays for it."""
         if self.slot is None:
             self.slot = self.pool.lease()
         self.pool.model.rollback(self.slot, 0)
-        if len(prompt) > 1:
-            self.pool.model.forward_ragged([self.slot], [self.unseen(prompt[:-1])], logits=[False])
 
     def unseen(self, context: list[int]) -> torch.Tensor:
         """The tokens of context its cache has not seen yet [n]."""
