@@ -114,6 +114,25 @@ def test_the_draft_cost_is_a_recent_median_and_a_high_one_does_not_stick():
     assert cost.per_token == pytest.approx(0.001, rel=0.1)  # the outlier moves the median little
 
 
+def test_drafting_steps_slower_than_predicted_make_the_policy_draft_less():
+    """Steps that draft take twice what the model predicts, plain ones what it predicts: the factor
+    reads 2, and a plan that pays at factor 1 gives way to plain decoding."""
+    from specdec.speculation import StepCalibration
+
+    calibration = StepCalibration(window=8, memory=20)
+    assert calibration.factor == 1.0
+    for _ in range(8):
+        calibration.record(observed=2.0, predicted=1.0, drafted=True)
+        calibration.record(observed=1.1, predicted=1.0, drafted=False)
+    assert calibration.factor == pytest.approx(2.0 / 1.1)
+    cost = VerifyCostTable.from_rows([(1, 1.0), (2, 1.2), (5, 1.6)])
+    assert choose_ks([0.6], [4], cost, 0.0).ks[0] > 0
+    assert choose_ks([0.6], [4], cost, 0.0, drafting_factor=calibration.factor).ks == (0,)
+    for _ in range(21):  # no drafting step for longer than its memory: the factor is forgotten
+        calibration.record(observed=1.0, predicted=1.0, drafted=False)
+    assert calibration.factor == 1.0
+
+
 def test_the_cost_table_interpolates_and_refuses_bad_shapes():
     assert GPU_LIKE.cost(1, 1) == pytest.approx(10e-3)
     assert GPU_LIKE.cost(32, 64) == pytest.approx(24e-3)

@@ -32,7 +32,7 @@ from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, p
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
-from specdec.speculation import (DraftCost, SpeculationPolicy, StepDecision, StepPlan,
+from specdec.speculation import (DraftCost, SpeculationPolicy, StepCalibration, StepDecision, StepPlan,
                                  choose_ks, measure_verify_cost)
 from specdec.transfers import token_tensor
 from specdec.verify import Verdict
@@ -216,6 +216,7 @@ class BatchedEngine:
         if policy.mode == "auto" and self._verify_cost is None:
             self._verify_cost = measure_verify_cost(target, policy.k)
         self._draft_cost = DraftCost(policy.draft_seconds_per_token)
+        self._calibration = StepCalibration()
         self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
         self._pipeline = target.device.type == "cuda" if config.pipeline is None else config.pipeline
         self._ahead: _Flight | None = None  # a plain step queued before the one before it was read
@@ -279,6 +280,8 @@ class BatchedEngine:
             self._ahead = self._launch_ahead(flight)
         emitted = self._settle(flight)
         settled = time.perf_counter()
+        if self.config.speculation.mode == "auto":
+            self._calibrate(flight, settled - start)
         self._leave([unit.seq for unit, _, reason in emitted if reason])
         phases = (drafted - start, settled - drafted, time.perf_counter() - settled)
         for unit, tokens, reason in emitted:
@@ -403,6 +406,13 @@ class BatchedEngine:
                                           plan.predicted_tokens_per_second, plan.plain_tokens_per_second)
         return list(plan.ks)
 
+    def _calibrate(self, flight: _Flight, observed: float) -> None:
+        """A step's seconds against the model's prediction for it (StepCalibration)."""
+        drafted = sum(len(u.draft) for u in flight.units if u.draft is not None)
+        rows = sum(int(u.tokens.shape[0]) for u in flight.units)
+        predicted = self._verify_cost.cost(len(flight.units), rows) + self._draft_cost.per_token * drafted
+        self._calibration.record(observed, predicted, drafted > 0)
+
     def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
         """The auto policy's K for each decoding sequence (none for one whose drafter drafts nothing)."""
         policy = self.config.speculation
@@ -411,7 +421,8 @@ class BatchedEngine:
         per_token = self._draft_cost.per_token
         other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
                       for s in self._running if s.prefilling]
-        return choose_ks(alphas, caps, self._verify_cost, per_token, other_rows, policy.min_gain)
+        return choose_ks(alphas, caps, self._verify_cost, per_token, other_rows, policy.min_gain,
+                         self._calibration.factor)
 
     def _next_step_is_plain(self) -> bool:
         """Whether the step after the one in flight will be plain for every running sequence: always

@@ -143,6 +143,40 @@ class DraftCost:
         return statistics.median(self._samples) if self._samples else self.prior
 
 
+class StepCalibration:
+    """How much longer steps take than the model predicts, drafting steps against plain ones.
+
+    The verify-cost table times bare passes; a step also pays the host's planning, the rule and the
+    settling, and a plain step's share of that hides behind the device when it is queued ahead
+    (pipelined) while a drafting step's cannot. factor: the median of observed/predicted seconds
+    over the latest `window` drafting steps, over the same for plain steps (1 until both have
+    samples); the policy multiplies a drafting plan's predicted seconds by it. Forgotten after
+    `memory` steps without a drafting sample, like DraftCost, so a high factor cannot keep
+    drafting off for good."""
+
+    def __init__(self, window: int = 32, memory: int = 512):
+        self.memory = memory
+        self._drafting: deque[float] = deque(maxlen=window)
+        self._plain: deque[float] = deque(maxlen=window)
+        self._steps = self._drafted_at = 0
+
+    def record(self, observed: float, predicted: float, drafted: bool) -> None:
+        self._steps += 1
+        if drafted:
+            self._drafting.append(observed / predicted)
+            self._drafted_at = self._steps
+        else:
+            self._plain.append(observed / predicted)
+        if self._drafting and self._steps - self._drafted_at > self.memory:
+            self._drafting.clear()
+
+    @property
+    def factor(self) -> float:
+        if not self._drafting or not self._plain:
+            return 1.0
+        return statistics.median(self._drafting) / statistics.median(self._plain)
+
+
 def policy_from_flag(text: str | None, k_max: int) -> SpeculationPolicy:
     """`--speculation auto|K`: auto picks 0..k_max drafts per sequence per step, K fixes it for every
     sequence; None keeps each request's own k (SpeculationPolicy())."""
@@ -184,7 +218,7 @@ def step_seconds(cost: VerifyCostTable, ks: Sequence[int], other_rows: Sequence[
 
 
 def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTable, draft_per_token: float,
-              other_rows: Sequence[int] = (), min_gain: float = 0.0) -> StepPlan:
+              other_rows: Sequence[int] = (), min_gain: float = 0.0, drafting_factor: float = 1.0) -> StepPlan:
     """The K_i (0 up to caps[i]) that maximise the batch's predicted tokens per second.
 
     A step's cost depends on the drafts only through their total D (the pass over B sequences and
@@ -193,8 +227,9 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     of largest gain, whoever they belong to, and the plan is the best of D = 0 .. sum(caps): the
     exact optimum under the model, whatever shape the measured cost has (on a CPU a pass of 5 rows
     may cost less than one of 1). other_rows: the rows of prefill chunks sharing the pass (they
-    cost time and yield no tokens). A plan predicted less than min_gain above plain's rate gives
-    way to the plain step."""
+    cost time and yield no tokens). drafting_factor: what a drafting step's seconds are multiplied
+    by (StepCalibration). A plan predicted less than min_gain above plain's rate gives way to the
+    plain step."""
     gains = sorted(((alpha ** j, i) for i, (alpha, cap) in enumerate(zip(alphas, caps))
                     for j in range(1, cap + 1)), key=lambda g: -g[0])
     plain = step_seconds(cost, [0] * len(alphas), other_rows, draft_per_token)
@@ -202,7 +237,7 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     best_tokens, best_seconds = tokens, plain
     for d, (gain, _) in enumerate(gains, start=1):
         tokens += gain
-        seconds = _seconds_with(cost, len(alphas), d, other_rows, draft_per_token)
+        seconds = _seconds_with(cost, len(alphas), d, other_rows, draft_per_token) * drafting_factor
         if tokens / seconds > best_rate * (1 + 1e-9):
             best_d, best_rate, best_tokens, best_seconds = d, tokens / seconds, tokens, seconds
     if best_rate < (1 + min_gain) * len(alphas) / plain:
