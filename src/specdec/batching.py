@@ -33,7 +33,7 @@ from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
 from specdec.speculation import (DraftCost, SpeculationPolicy, StepCalibration, StepDecision, StepPlan,
-                                 choose_ks, measure_verify_cost)
+                                 choose_ks, measure_verify_cost, step_seconds)
 from specdec.transfers import token_tensor
 from specdec.verify import Verdict
 
@@ -408,10 +408,10 @@ class BatchedEngine:
 
     def _calibrate(self, flight: _Flight, observed: float) -> None:
         """A step's seconds against the model's prediction for it (StepCalibration)."""
-        drafted = sum(len(u.draft) for u in flight.units if u.draft is not None)
-        rows = sum(int(u.tokens.shape[0]) for u in flight.units)
-        predicted = self._verify_cost.cost(len(flight.units), rows) + self._draft_cost.per_token * drafted
-        self._calibration.record(observed, predicted, drafted > 0)
+        ks = [len(u.draft) for u in flight.units if u.draft is not None]
+        prefill_rows = [int(u.tokens.shape[0]) for u in flight.units if u.draft is None]
+        predicted = step_seconds(self._verify_cost, ks, prefill_rows, self._draft_cost.per_token)
+        self._calibration.record(observed, predicted, any(ks))
 
     def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
         """The auto policy's K for each decoding sequence (none for one whose drafter drafts nothing)."""

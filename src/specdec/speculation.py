@@ -7,8 +7,9 @@ over batch size and rows per sequence) plus the drafter's cost per drafted token
 picks the K_i that maximise tokens per second of the whole batch, exactly (choose_ks: the cost
 depends on the drafts only through their number, and each sequence's j-th draft yields a^j), with
 all K_i = 0 (a plain step) among the candidates: under its own model a step is never predicted
-slower than plain decoding. Each sequence's acceptance is a posterior over its own drafts. K only changes how many drafts are
-verified, never which tokens come out (the rejection rule keeps the output the target's).
+slower than plain decoding. Each sequence's acceptance is a posterior over its own drafts. K only
+changes how many drafts are verified, never which tokens come out (the rejection rule keeps the
+output the target's).
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ class SpeculationPolicy:
     mode "fixed": k for every sequence. mode "auto": 0..k per sequence per step, chosen to maximise
     the batch's expected tokens per second (choose_ks). prior_accepted / prior_rejected: the Beta
     prior of a sequence's acceptance rate before it has drafted (a mean of 0.5 over 4 pseudo-drafts
-    by default: one unlucky first round, 0 of 4, leaves 0.25, not 0.17). verify_cost: the target's cost table; None: the engine measures it at start-up.
+    by default: one unlucky first round, 0 of 4, leaves 0.25, not 0.17). verify_cost: the target's
+    cost table; None: the engine measures it at start-up.
     draft_seconds_per_token: the drafter's cost per drafted token before the engine has timed it
     (DraftCost).
     min_gain: a step speculates only when its predicted rate beats plain's by this fraction (the
@@ -116,31 +118,51 @@ class SpeculationPolicy:
         return (accepted + self.prior_accepted) / (drafted + self.prior_accepted + self.prior_rejected)
 
 
+class RecentMedian:
+    """The median of the latest `window` samples, forgotten once `memory` ticks pass without a new
+    one (None: never), so that an estimate that stops its own sampling (a cost too high to let
+    anyone draft) cannot hold for good."""
+
+    def __init__(self, window: int = 32, memory: int | None = 512):
+        self.memory = memory
+        self._samples: deque[float] = deque(maxlen=window)
+        self._ticks = self._added_at = 0
+
+    def tick(self) -> None:
+        self._ticks += 1
+        if self.memory is not None and self._samples and self._ticks - self._added_at > self.memory:
+            self._samples.clear()
+
+    def add(self, value: float) -> None:
+        self._samples.append(value)
+        self._added_at = self._ticks
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self._samples) if self._samples else None
+
+
 class DraftCost:
     """The drafter's seconds per drafted token as the auto policy reads it: the median of the latest
     `window` timed drafting steps, so that one outlier (a CUDA graph captured, a draft model catching
-    up on a long context) does not set it; forgotten after `memory` steps without a timed one, so
-    that an estimate too high to let anyone draft cannot keep drafting off for good. prior: what it
-    reads before any step was timed."""
+    up on a long context) does not set it; forgotten after `memory` steps without a timed one
+    (RecentMedian). prior: what it reads before any step was timed."""
 
     def __init__(self, prior: float, window: int = 32, memory: int = 512):
-        self.prior, self.memory = prior, memory
-        self._samples: deque[float] = deque(maxlen=window)
-        self._steps = self._timed_at = 0
+        self.prior = prior
+        self._per_token = RecentMedian(window, memory)
 
     def tick(self) -> None:
         """One engine step went by."""
-        self._steps += 1
-        if self._samples and self._steps - self._timed_at > self.memory:
-            self._samples.clear()
+        self._per_token.tick()
 
     def record(self, seconds: float, tokens: int) -> None:
-        self._samples.append(seconds / tokens)
-        self._timed_at = self._steps
+        self._per_token.add(seconds / tokens)
 
     @property
     def per_token(self) -> float:
-        return statistics.median(self._samples) if self._samples else self.prior
+        median = self._per_token.median
+        return self.prior if median is None else median
 
 
 class StepCalibration:
@@ -150,31 +172,22 @@ class StepCalibration:
     settling, and a plain step's share of that hides behind the device when it is queued ahead
     (pipelined) while a drafting step's cannot. factor: the median of observed/predicted seconds
     over the latest `window` drafting steps, over the same for plain steps (1 until both have
-    samples); the policy multiplies a drafting plan's predicted seconds by it. Forgotten after
-    `memory` steps without a drafting sample, like DraftCost, so a high factor cannot keep
-    drafting off for good."""
+    samples); the policy multiplies a drafting plan's predicted seconds by it. The drafting steps'
+    median is forgotten after `memory` steps without one, like DraftCost, so a high factor cannot
+    keep drafting off for good."""
 
     def __init__(self, window: int = 32, memory: int = 512):
-        self.memory = memory
-        self._drafting: deque[float] = deque(maxlen=window)
-        self._plain: deque[float] = deque(maxlen=window)
-        self._steps = self._drafted_at = 0
+        self._drafting = RecentMedian(window, memory)
+        self._plain = RecentMedian(window, None)
 
     def record(self, observed: float, predicted: float, drafted: bool) -> None:
-        self._steps += 1
-        if drafted:
-            self._drafting.append(observed / predicted)
-            self._drafted_at = self._steps
-        else:
-            self._plain.append(observed / predicted)
-        if self._drafting and self._steps - self._drafted_at > self.memory:
-            self._drafting.clear()
+        self._drafting.tick()
+        (self._drafting if drafted else self._plain).add(observed / predicted)
 
     @property
     def factor(self) -> float:
-        if not self._drafting or not self._plain:
-            return 1.0
-        return statistics.median(self._drafting) / statistics.median(self._plain)
+        drafting, plain = self._drafting.median, self._plain.median
+        return 1.0 if drafting is None or plain is None else drafting / plain
 
 
 def policy_from_flag(text: str | None, k_max: int) -> SpeculationPolicy:
