@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdec.models.native_llama import NativeLlama
-from specdec.models.native_slots import NativeSlots, slot_stride
+from specdec.models.native_slots import NativeSlots, SlotOptions, slot_stride, split_passes
 from tests.conftest import VOCAB
 from tests.test_batching import (DECODE, KINDS, BatchConfig, BatchedEngine, NoDrafter, assert_slots_match_alone,
                                  make_drafter, mixed_requests, plain, record_rows, run_arriving)
@@ -76,6 +76,41 @@ def test_prefill_chunks_skip_the_lm_head_and_features_follow_each_sequence(tiny_
     none = slots.forward_ragged([0, 1], [torch.tensor([3]), torch.tensor([4])], logits=[False, False])
     assert none.logits.shape == (0, VOCAB) and none.offsets == (0, 0, 0)
     assert [slots.cache_len(s) for s in range(3)] == [2, 6, 3]
+
+
+def test_split_passes_fills_each_pass_and_keeps_a_sequences_pieces_in_order():
+    assert split_passes([3, 5, 1], 4) == [[(0, 0, 3), (1, 0, 1)], [(1, 1, 5)], [(2, 0, 1)]]
+    assert split_passes([4, 4], 4) == [[(0, 0, 4)], [(1, 0, 4)]]
+    assert split_passes([9], 4) == [[(0, 0, 4)], [(0, 4, 8)], [(0, 8, 9)]]
+    assert split_passes([2, 1], 512) == [[(0, 0, 2), (1, 0, 1)]]
+
+
+def test_a_pass_over_more_than_pass_rows_runs_as_several_with_each_sequences_rows(tiny_target, monkeypatch):
+    """pass_rows 4 (on CUDA: the largest graph's rows, so that nothing runs unrecorded): a pass of
+    prompts and verifies runs as passes of at most 4 rows; each sequence's logits, features and
+    cache length are what one unsplit pass gives (within fp32 layout noise on a CPU)."""
+    whole, _ = native_pair(tiny_target, max_slots=3)
+    split = NativeSlots(whole.net, "split", MAX_LENGTH, 3, options=SlotOptions(fused=False, graphs=False, pass_rows=4))
+    gen = torch.Generator().manual_seed(11)
+    steps = [([2, 0, 1], [7, 1, 3], [True, False, True], [None, (0,), ()]),
+             ([0, 2], [5, 2], [True, True], [(0,), None]),
+             ([1], [9], [False], [None])]
+    inputs = [(slots_, [torch.randint(0, VOCAB, (n,), generator=gen) for n in counts], want, feats)
+              for slots_, counts, want, feats in steps]
+    expected = [whole.forward_ragged(s, t, logits=w, features=f) for s, t, w, f in inputs]
+    sizes = []
+    run = split._run_eager
+    monkeypatch.setattr(split, "_run_eager", lambda slots_, tokens, *a: sizes.append(len(tokens)) or run(slots_, tokens, *a))
+    for (s, t, w, f), ref in zip(inputs, expected):
+        got = split.forward_ragged(s, t, logits=w, features=f)
+        assert got.offsets == ref.offsets
+        torch.testing.assert_close(got.logits, ref.logits, rtol=0, atol=1e-5)
+        for mine, theirs in zip(got.features, ref.features):
+            assert (mine is None) == (theirs is None)
+            if mine is not None:
+                torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-5)
+    assert sizes == [4, 4, 3, 4, 3, 4, 4, 1] and max(sizes) <= 4
+    assert [split.cache_len(s) for s in range(3)] == [whole.cache_len(s) for s in range(3)] == [6, 12, 9]
 
 
 def test_batched_engine_over_native_slots_equals_plain_decoding(tiny_target, tiny_draft, monkeypatch):

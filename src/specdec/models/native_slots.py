@@ -19,8 +19,10 @@ attention per sequence inside one kernel (triton_attention's block tables): ever
 a row with the same arithmetic whatever the batch, so a sequence's logits are bit for bit the
 ones it gets alone, and the ones NativeLlama's graphed steps give it. Passes of up to the largest
 of SlotOptions.graph_rows rows replay a CUDA graph captured for the next row count up (padding
-rows go to a scratch region past the last slot); longer ones (prefill) run the same kernels
-without a graph.
+rows go to a scratch region past the last slot); longer ones (a batch of prefill chunks, a draft
+catching up) run as several passes of at most that many rows (SlotOptions.pass_rows), one after
+another, so that no kernel ever runs outside a graph captured at start: an unrecorded launch of a
+new shape can make Triton compile a kernel variant for seconds in the middle of serving.
 """
 
 from __future__ import annotations
@@ -45,11 +47,17 @@ GRAPH_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 
 @dataclass(frozen=True)
 class SlotOptions:
     """fused: the Triton kernels (triton_forward.forward_rows); graphs: passes of up to
-    max(graph_rows) rows replay CUDA graphs (fused on CUDA only)."""
+    max(graph_rows) rows replay CUDA graphs (fused on CUDA only); pass_rows: the most rows one pass
+    runs, a longer one running as several (None: any; with graphs, the largest graph's rows)."""
 
     fused: bool
     graphs: bool
     graph_rows: tuple[int, ...] = GRAPH_ROWS
+    pass_rows: int | None = None
+
+    def __post_init__(self):
+        if self.pass_rows is not None and self.pass_rows < 1:
+            raise ValueError(f"pass_rows must be >= 1, got {self.pass_rows}")
 
     @classmethod
     def resolve(cls, arch: LlamaArch, device: torch.device, fused: bool | None = None) -> "SlotOptions":
@@ -58,11 +66,31 @@ class SlotOptions:
         if fused and refused:
             raise ValueError(f"the fused kernels cannot run here: {refused}")
         fused = (device.type == "cuda" and refused is None) if fused is None else fused
-        return cls(fused, fused and device.type == "cuda")
+        graphs = fused and device.type == "cuda"
+        return cls(fused, graphs, pass_rows=max(GRAPH_ROWS) if graphs else None)
 
     def bucket(self, rows: int) -> int | None:
         """The graph's row count for a pass of `rows` rows, or None (no graph)."""
         return next((r for r in self.graph_rows if r >= rows), None) if self.graphs else None
+
+
+def split_passes(counts: Sequence[int], pass_rows: int) -> list[list[tuple[int, int, int]]]:
+    """A pass of sequences i with counts[i] new tokens as consecutive passes of at most pass_rows
+    rows: each a list of (i, first, stop), sequence i's tokens first..stop - 1. Sequences keep
+    their order and fill each pass in turn; one that does not fit goes on in the next pass, so its
+    pieces run in order (its cache grows between them). Example, counts (3, 5, 1), pass_rows 4:
+    [[(0, 0, 3), (1, 0, 1)], [(1, 1, 5)], [(2, 0, 1)]]."""
+    passes, current, room = [], [], pass_rows
+    for i, n in enumerate(counts):
+        first = 0
+        while first < n:
+            take = min(room, n - first)
+            current.append((i, first, first + take))
+            first, room = first + take, room - take
+            if room == 0:
+                passes.append(current)
+                current, room = [], pass_rows
+    return passes + ([current] if current else [])
 
 
 def slot_stride(max_length: int) -> int:
@@ -79,8 +107,10 @@ def cache_slots(max_slots: int, max_length: int) -> int:
 class NativeSlots(SlotModel):
     """A Llama-family model holding up to max_slots sequences in one preallocated KV cache."""
 
-    def __init__(self, net: LlamaNet, name: str, max_length: int, max_slots: int, fused: bool | None = None):
-        """fused: the Triton kernels (None: SlotOptions.resolve's choice)."""
+    def __init__(self, net: LlamaNet, name: str, max_length: int, max_slots: int, fused: bool | None = None,
+                 options: SlotOptions | None = None):
+        """fused: the Triton kernels (None: SlotOptions.resolve's choice); options: all of them
+        instead, as given."""
         if max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         self.net = net.eval()
@@ -95,7 +125,7 @@ class NativeSlots(SlotModel):
         if net.slots < cache_slots(max_slots, max_length):
             raise ValueError(f"a cache of {net.slots} slots cannot hold {max_slots} sequences of {max_length} tokens "
                              f"and a scratch region ({cache_slots(max_slots, max_length)} slots)")
-        self.options = SlotOptions.resolve(net.arch, self.device, fused)
+        self.options = options or SlotOptions.resolve(net.arch, self.device, fused)
         self._lens = [0] * max_slots
         self._graphs: dict = {}  # (rows, feature layers) -> ragged_plan.RaggedGraph
 
@@ -172,6 +202,8 @@ class NativeSlots(SlotModel):
         layers = [None if f is None else check_feature_layers(f, self.arch.n_layers)
                   for f in (features if features is not None else [None] * len(slots))]
         counts = [int(t.shape[0]) for t in tokens]
+        if self.options.pass_rows is not None and sum(counts) > self.options.pass_rows:
+            return self._in_passes(slots, tokens, want, layers)
         capture = tuple(sorted(set().union(*(f for f in layers if f))))
         run = self._run_fused if self.options.fused else self._run_eager
         out, feats = run(slots, torch.cat(tokens).to(self.device), counts, want, capture)
@@ -182,6 +214,25 @@ class NativeSlots(SlotModel):
         picked = tuple(None if f is None else self._features(feats, capture, f, row, n)
                        for f, row, n in zip(layers, rows, counts))
         return RaggedOutput(out.float(), offsets, picked)
+
+    def _in_passes(self, slots, tokens, want, layers) -> RaggedOutput:
+        """One pass over more than options.pass_rows rows, run as split_passes' consecutive passes;
+        each sequence's logits and features put back together, in batch order. Exact: a row's
+        arithmetic does not depend on what shares its pass (rule 6 of the design)."""
+        logits = [[] for _ in slots]
+        feats = [[] for _ in slots]
+        for part in split_passes([int(t.shape[0]) for t in tokens], self.options.pass_rows):
+            out = self.forward_ragged([slots[i] for i, _, _ in part], [tokens[i][a:b] for i, a, b in part],
+                                      logits=[want[i] for i, _, _ in part],
+                                      features=[layers[i] for i, _, _ in part])
+            for j, (i, _, _) in enumerate(part):
+                logits[i].append(out.logits_of(j))
+                feats[i].append(out.features[j])
+        rows = [torch.cat(pieces) for pieces, w in zip(logits, want) if w]
+        flat = torch.cat(rows) if rows else torch.empty(0, self.vocab_size, device=self.device)
+        offsets = tuple(accumulate((int(t.shape[0]) if w else 0 for t, w in zip(tokens, want)), initial=0))
+        picked = tuple(None if f is None else torch.cat(pieces) for f, pieces in zip(layers, feats))
+        return RaggedOutput(flat, offsets, picked)
 
     def _run_eager(self, slots, tokens, counts, want, capture) -> tuple[torch.Tensor, torch.Tensor]:
         """The portable pass: every matrix once over all rows, attention per sequence (SeqSpan)."""
@@ -256,4 +307,4 @@ class NativeSlots(SlotModel):
         return mine[:, [capture.index(i) for i in layers] + [len(capture)]].reshape(n, -1)
 
 
-__all__ = ["NativeSlots", "SlotOptions", "cache_slots", "slot_stride"]
+__all__ = ["NativeSlots", "SlotOptions", "cache_slots", "slot_stride", "split_passes"]
