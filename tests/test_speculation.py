@@ -7,6 +7,8 @@ import torch
 from specdec.batching import BatchConfig, BatchedEngine
 from specdec.drafters import ModelDrafter
 from specdec.engine import GenerationConfig, Origin
+from specdec.generation import SpecStats
+from specdec.verify import Verdict
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import LoopSlots
 from specdec.sampling import SamplingParams
@@ -88,7 +90,7 @@ def test_the_plan_is_the_best_of_every_split_under_the_model(seed):
 
 
 def test_one_unlucky_first_round_does_not_turn_speculation_off_where_it_is_cheap():
-    """The prior weighs 4 pseudo-drafts: after 0 of 4 accepted the estimate is 0.25, and at batch 1,
+    """The prior weighs 4 pseudo-drafts: after 0 of 4 judged drafts accepted the estimate is 0.25, and at batch 1,
     where a verify costs about a step, drafting still pays (K = 0 would bring no new evidence)."""
     policy = SpeculationPolicy.auto(k_max=4)
     alpha = policy.acceptance(0, 4)
@@ -149,6 +151,25 @@ def test_acceptance_estimate_starts_at_the_prior_and_follows_the_counts():
     policy = SpeculationPolicy.auto()
     assert policy.acceptance(0, 0) == 0.5
     assert policy.acceptance(90, 100) > 0.85 and policy.acceptance(1, 100) < 0.05
+
+
+def test_the_acceptance_estimate_counts_only_judged_drafts():
+    """Rounds of K = 4 where each draft is kept with probability 0.8 until the first rejection: the
+    estimate finds 0.8 (drafts after a rejection were never judged); accepted over drafted reads
+    about 0.59, which would make K = 4 look worth 2.2 tokens a round instead of 3.4."""
+    gen = torch.Generator().manual_seed(0)
+    stats = SpecStats()
+    for _ in range(2000):
+        kept = 0
+        while kept < 4 and torch.rand((), generator=gen).item() < 0.8:
+            kept += 1
+        stats.record_round(Verdict(kept, 0, 4), kept + 1)
+    policy = SpeculationPolicy.auto(k_max=4)
+    assert policy.acceptance(stats.accepted, stats.judged) == pytest.approx(0.8, abs=0.02)
+    assert stats.accepted / stats.drafted == pytest.approx(0.59, abs=0.02)
+    plain_round = Verdict(0, 0, 0)
+    stats.record_round(plain_round, 1)  # a plain step judges nothing
+    assert policy.acceptance(stats.accepted, stats.judged) == pytest.approx(0.8, abs=0.02)
 
 
 def test_greedy_output_under_auto_equals_plain_decoding(tiny_target, tiny_draft):

@@ -416,7 +416,7 @@ class BatchedEngine:
     def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
         """The auto policy's K for each decoding sequence (none for one whose drafter drafts nothing)."""
         policy = self.config.speculation
-        alphas = [policy.acceptance(s.handle.stats.accepted, s.handle.stats.drafted) for s in decoding]
+        alphas = [policy.acceptance(s.handle.stats.accepted, s.handle.stats.judged) for s in decoding]
         caps = [0 if s.drafter.drafts_nothing else s.next_k(policy.k) for s in decoding]
         per_token = self._draft_cost.per_token
         other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)

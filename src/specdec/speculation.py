@@ -79,7 +79,7 @@ class SpeculationPolicy:
     mode "fixed": k for every sequence. mode "auto": 0..k per sequence per step, chosen to maximise
     the batch's expected tokens per second (choose_ks). prior_accepted / prior_rejected: the Beta
     prior of a sequence's acceptance rate before it has drafted (a mean of 0.5 over 4 pseudo-drafts
-    by default: one unlucky first round, 0 of 4, leaves 0.25, not 0.17). verify_cost: the target's
+    by default: four unlucky rounds in a row, 0 of 4 judged, leave 0.25, not 0.17). verify_cost: the target's
     cost table; None: the engine measures it at start-up.
     draft_seconds_per_token: the drafter's cost per drafted token before the engine has timed it
     (DraftCost).
@@ -113,9 +113,13 @@ class SpeculationPolicy:
     def fixed(cls, k: int) -> "SpeculationPolicy":
         return cls(mode="fixed", k=k)
 
-    def acceptance(self, accepted: int, drafted: int) -> float:
-        """The posterior mean of a sequence's acceptance rate from its own counts."""
-        return (accepted + self.prior_accepted) / (drafted + self.prior_accepted + self.prior_rejected)
+    def acceptance(self, accepted: int, judged: int) -> float:
+        """The posterior mean of a sequence's acceptance rate, the chance that the rule keeps a draft
+        it judges (tau's a), from its own counts: judged drafts are the accepted ones and each round's
+        first rejected one. (Accepted over all drafted would count the drafts after a rejection,
+        never judged, as rejected: at a = 0.8 and K = 4 it reads 0.59, and the policy would find
+        drafting worth less than it is.)"""
+        return (accepted + self.prior_accepted) / (judged + self.prior_accepted + self.prior_rejected)
 
 
 class RecentMedian:
