@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from specdec.errors import InvalidRequestError
@@ -57,18 +57,25 @@ class VerifyCostTable:
 
     def cost(self, num_seqs: int, total_rows: int) -> float:
         """Seconds of a pass over num_seqs sequences bringing total_rows rows in all."""
-        per_seq = total_rows / num_seqs
-        along_rows = [_interpolate(self.rows_per_seq, row, per_seq) for row in self.seconds]
-        return max(_interpolate(self.batch_sizes, along_rows, num_seqs), 1e-12)
+        return float(self.costs(num_seqs, np.asarray([total_rows]))[0])
+
+    def costs(self, num_seqs: int, total_rows: np.ndarray) -> np.ndarray:
+        """cost() of passes over num_seqs sequences for each of total_rows [n], in one go (the auto
+        policy prices every draft total of a step, at every step)."""
+        seconds = np.asarray(self.seconds)  # [batch sizes, rows per sequence]
+        along_batch = _interpolate(np.asarray(self.batch_sizes, dtype=float), seconds, np.asarray([num_seqs]))[0]
+        per_seq = np.asarray(total_rows, dtype=float) / num_seqs
+        return np.maximum(_interpolate(np.asarray(self.rows_per_seq, dtype=float), along_batch, per_seq), 1e-12)
 
 
-def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
-    """Piecewise linear through (xs, ys), extended linearly past both ends; a constant for one point."""
+def _interpolate(xs: np.ndarray, ys: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Piecewise linear through (xs, ys[j]) along ys' first axis, at each of x, extended linearly past
+    both ends; a constant for one point. xs [n], ys [n, ...], x [m] -> [m, ...]."""
     if len(xs) == 1:
-        return ys[0]
-    i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
-    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
-    return ys[i] + slope * (x - xs[i])
+        return np.broadcast_to(ys[0], (len(x), *ys.shape[1:])).copy()
+    i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2)
+    slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]).reshape(-1, *([1] * (ys.ndim - 1)))
+    return ys[i] + slope * (x - xs[i]).reshape(-1, *([1] * (ys.ndim - 1)))
 
 
 @dataclass(frozen=True)
@@ -247,29 +254,31 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     cost time and yield no tokens). drafting_factor: what a drafting step's seconds are multiplied
     by (StepCalibration). A plan predicted less than min_gain above plain's rate gives way to the
     plain step."""
-    gains = sorted(((alpha ** j, i) for i, (alpha, cap) in enumerate(zip(alphas, caps))
-                    for j in range(1, cap + 1)), key=lambda g: -g[0])
-    plain = step_seconds(cost, [0] * len(alphas), other_rows, draft_per_token)
-    best_d, best_rate, tokens = 0, len(alphas) / plain, float(len(alphas))
-    best_tokens, best_seconds = tokens, plain
-    for d, (gain, _) in enumerate(gains, start=1):
-        tokens += gain
-        seconds = _seconds_with(cost, len(alphas), d, other_rows, draft_per_token) * drafting_factor
-        if tokens / seconds > best_rate * (1 + 1e-9):
-            best_d, best_rate, best_tokens, best_seconds = d, tokens / seconds, tokens, seconds
-    if best_rate < (1 + min_gain) * len(alphas) / plain:
-        return StepPlan((0,) * len(alphas), float(len(alphas)), plain, plain)
-    ks = [0] * len(alphas)
-    for _, i in gains[:best_d]:
-        ks[i] += 1
-    return StepPlan(tuple(ks), best_tokens, best_seconds, plain)
+    n = len(alphas)
+    plain = step_seconds(cost, [0] * n, other_rows, draft_per_token)
+    owner = np.repeat(np.arange(n), caps)  # one entry per possible draft: its sequence, its place j in it
+    if owner.size == 0:
+        return StepPlan((0,) * n, float(n), plain, plain)
+    place = np.arange(owner.size) - np.repeat(np.cumsum(caps) - caps, caps) + 1
+    gains = np.asarray(alphas, dtype=float)[owner] ** place
+    order = np.argsort(-gains, kind="stable")
+    drafts = np.arange(1, owner.size + 1)
+    tokens = n + np.cumsum(gains[order])
+    seconds = _seconds_with(cost, n, drafts, other_rows, draft_per_token) * drafting_factor
+    best = int(np.argmax(tokens / seconds))  # the first of equals: the fewest drafts
+    if not tokens[best] / seconds[best] > (1 + min_gain) * (1 + 1e-9) * n / plain:  # ties go to plain
+        return StepPlan((0,) * n, float(n), plain, plain)
+    ks = np.bincount(owner[order[:best + 1]], minlength=n)
+    return StepPlan(tuple(int(k) for k in ks), float(tokens[best]), float(seconds[best]), plain)
 
 
-def _seconds_with(cost: VerifyCostTable, num_seqs: int, drafts: int, other_rows: Sequence[int],
-                  draft_per_token: float) -> float:
-    """step_seconds of num_seqs decoding sequences drafting `drafts` tokens in all."""
-    rows = num_seqs + drafts + sum(other_rows)
-    return cost.cost(num_seqs + len(other_rows), rows) + draft_per_token * drafts
+def _seconds_with(cost: VerifyCostTable, num_seqs: int, drafts, other_rows: Sequence[int],
+                  draft_per_token: float):
+    """step_seconds of num_seqs decoding sequences drafting `drafts` tokens in all (an int, or an
+    array of draft totals: then an array)."""
+    rows = num_seqs + np.asarray(drafts) + sum(other_rows)
+    seconds = cost.costs(num_seqs + len(other_rows), np.atleast_1d(rows)) + draft_per_token * np.atleast_1d(drafts)
+    return seconds if np.ndim(drafts) else float(seconds[0])
 
 
 def measure_verify_cost(target, k_max: int, trials: int = 5) -> VerifyCostTable:
