@@ -24,7 +24,7 @@ GPU_LIKE = VerifyCostTable((1, 32), (1, 2, 5, 9), ((10e-3, 10.1e-3, 10.3e-3, 10.
 
 
 def test_batch_one_with_a_cheap_verify_and_high_acceptance_speculates():
-    plan = choose_ks([0.8], [8], GPU_LIKE, draft_per_token=0.2e-3)
+    plan = choose_ks([0.8], [8], GPU_LIKE, draft_per_pass=0.2e-3)
     assert plan.ks[0] > 1
     assert plan.predicted_tokens_per_second > 2 * plan.plain_tokens_per_second
 
@@ -32,7 +32,7 @@ def test_batch_one_with_a_cheap_verify_and_high_acceptance_speculates():
 def test_steep_rows_at_high_batch_or_low_acceptance_pick_plain_steps():
     assert choose_ks([0.8] * 32, [8] * 32, GPU_LIKE, 0.2e-3).ks == (0,) * 32
     assert choose_ks([0.02], [8], GPU_LIKE, 0.2e-3).ks == (0,)
-    expensive_drafter = choose_ks([0.8], [8], GPU_LIKE, draft_per_token=20e-3)
+    expensive_drafter = choose_ks([0.8], [8], GPU_LIKE, draft_per_pass=20e-3)
     assert expensive_drafter.ks == (0,)
 
 
@@ -103,17 +103,17 @@ def test_the_draft_cost_is_a_recent_median_and_a_high_one_does_not_stick():
     from specdec.speculation import DraftCost
 
     cost = DraftCost(prior=0.0, window=8, memory=50)
-    assert cost.per_token == 0.0
+    assert cost.per_pass == 0.0
     cost.record(2.0, 4)  # a step that captured a CUDA graph: 0.5 s a token
-    assert choose_ks([0.8], [8], GPU_LIKE, cost.per_token).ks == (0,)  # so high that nobody drafts now
+    assert choose_ks([0.8], [8], GPU_LIKE, cost.per_pass).ks == (0,)  # so high that nobody drafts now
     for _ in range(50):
         cost.tick()
-    assert cost.per_token == 0.5
+    assert cost.per_pass == 0.5
     cost.tick()  # forgotten: drafting resumes and is timed again
-    assert cost.per_token == 0.0 and choose_ks([0.8], [8], GPU_LIKE, cost.per_token).ks[0] > 1
+    assert cost.per_pass == 0.0 and choose_ks([0.8], [8], GPU_LIKE, cost.per_pass).ks[0] > 1
     for seconds in (2.0, 0.004, 0.004, 0.0044):
         cost.record(seconds, 4)
-    assert cost.per_token == pytest.approx(0.001, rel=0.1)  # the outlier moves the median little
+    assert cost.per_pass == pytest.approx(0.001, rel=0.1)  # the outlier moves the median little
 
 
 def test_drafting_steps_slower_than_predicted_make_the_policy_draft_less():
@@ -187,6 +187,27 @@ def test_greedy_output_under_auto_equals_plain_decoding(tiny_target, tiny_draft)
     ks = [k for d in seen if d is not None for k in d.ks]
     assert 0 in ks and max(ks) > 1 and all(d.mode == "auto" for d in seen if d)
     assert all(len(d.ks) == len(d.request_ids) <= d.batch_size <= 4 for d in seen if d)
+
+
+def test_a_step_whose_drafter_catches_up_is_not_timed(tiny_target, tiny_draft, monkeypatch):
+    """A draft model's first draft reads the whole prompt: the draft cost and the calibration leave
+    that step out (it times the catching up, not the drafting) and take every drafting step after."""
+    costs = VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)])  # verify rows almost free: it drafts
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=costs)
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 1), None, config=BatchConfig(64, policy))
+    timed, calibrated = [], []
+    monkeypatch.setattr(engine._draft_cost, "record", lambda seconds, passes: timed.append(passes))
+    monkeypatch.setattr(engine._calibration, "record", lambda o, p, drafted: calibrated.append(drafted))
+    engine.submit(list(range(3, 43)), GenerationConfig(max_new_tokens=24, ignore_eos=True),
+                  drafter=make_drafter("model", tiny_target, tiny_draft))
+    decisions, busy = [], True
+    while busy:
+        busy = engine.step()
+        decisions.append(engine.last_decision.ks)
+    drafting = [ks for ks in decisions if any(ks)]
+    assert len(drafting) >= 3
+    assert len(timed) == len(drafting) - 1 and all(1 <= p <= 4 for p in timed)
+    assert calibrated.count(True) == len(drafting) - 1
 
 
 def test_fixed_mode_overrides_each_request_k(tiny_target):

@@ -140,7 +140,7 @@ class _Sequence:
     pending: torch.Tensor | None = None  # [1] the newest token, fed first by the next verify
     text_checked: int = 0  # generated tokens already checked for stop strings
     running: bool = False  # holds a slot (admitted, not yet left)
-    has_drafted: bool = False  # its drafter has proposed at least once (the first catches up on the prompt)
+    drafted_upto: int = -1  # the text's length when its drafter last proposed (-1: never; it reads the prompt then)
 
     @property
     def prefilling(self) -> bool:
@@ -215,8 +215,9 @@ class BatchedEngine:
         self._verify_cost = policy.verify_cost
         if policy.mode == "auto" and self._verify_cost is None:
             self._verify_cost = measure_verify_cost(target, policy.k)
-        self._draft_cost = DraftCost(policy.draft_seconds_per_token)
+        self._draft_cost = DraftCost(policy.draft_seconds_per_pass)
         self._calibration = StepCalibration()
+        self._caught_up = False  # whether this step's drafting caught a drafter up on unseen text
         self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
         self._pipeline = target.device.type == "cuda" if config.pipeline is None else config.pipeline
         self._ahead: _Flight | None = None  # a plain step queued before the one before it was read
@@ -369,6 +370,7 @@ class BatchedEngine:
         start = time.perf_counter()
         drafts = propose_all([s.drafter for s in decoding], [s.context for s in decoding], ks,
                              [s.config.sampling for s in decoding], [s.generator for s in decoding])
+        self._caught_up = False
         if any(ks) and self.config.speculation.mode == "auto":
             self._time_drafts(decoding, ks, start)
         draft_of = {id(s): d or empty_draft(self.target.device) for s, d in zip(decoding, drafts)}
@@ -385,14 +387,18 @@ class BatchedEngine:
     def _time_drafts(self, decoding: list[_Sequence], ks: list[int], start: float) -> None:
         """The drafting of this step for the auto policy's draft cost: waited for on the device (a
         draft model's passes run asynchronously; the verify needs their tokens anyway), and not
-        counted when a drafter drafts for its first time (it catches up on the whole prompt then)."""
+        counted when a drafter caught up on more text than one round leaves unseen (its first draft
+        reads the prompt; after plain steps it reads every token since): that step's seconds are the
+        catching up's, and it is no evidence for the calibration either (_caught_up)."""
         if self.target.device.type == "cuda":
             torch.cuda.synchronize(self.target.device)
-        first = [s for s, k in zip(decoding, ks) if k and not s.has_drafted]
-        if not first:
-            self._draft_cost.record(time.perf_counter() - start, sum(ks))
-        for seq in first:
-            seq.has_drafted = True
+        most_unseen = self.config.speculation.k + 1  # a round's pending token and kept drafts
+        drafting = [s for s, k in zip(decoding, ks) if k]
+        self._caught_up = any(s.drafted_upto < 0 or len(s.context) - s.drafted_upto > most_unseen for s in drafting)
+        if not self._caught_up:
+            self._draft_cost.record(time.perf_counter() - start, max(ks))
+        for seq in drafting:
+            seq.drafted_upto = len(seq.context)
 
     def _decide(self, decoding: list[_Sequence]) -> list[int]:
         """K per decoding sequence under the speculation policy; the decision goes to last_decision."""
@@ -407,10 +413,13 @@ class BatchedEngine:
         return list(plan.ks)
 
     def _calibrate(self, flight: _Flight, observed: float) -> None:
-        """A step's seconds against the model's prediction for it (StepCalibration)."""
+        """A step's seconds against the model's prediction for it (StepCalibration); not a step whose
+        drafters caught up on unseen text (_time_drafts)."""
         ks = [len(u.draft) for u in flight.units if u.draft is not None]
+        if any(ks) and self._caught_up:
+            return
         prefill_rows = [int(u.tokens.shape[0]) for u in flight.units if u.draft is None]
-        predicted = step_seconds(self._verify_cost, ks, prefill_rows, self._draft_cost.per_token)
+        predicted = step_seconds(self._verify_cost, ks, prefill_rows, self._draft_cost.per_pass)
         self._calibration.record(observed, predicted, any(ks))
 
     def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
@@ -418,10 +427,10 @@ class BatchedEngine:
         policy = self.config.speculation
         alphas = [policy.acceptance(s.handle.stats.accepted, s.handle.stats.judged) for s in decoding]
         caps = [0 if s.drafter.drafts_nothing else s.next_k(policy.k) for s in decoding]
-        per_token = self._draft_cost.per_token
+        per_pass = self._draft_cost.per_pass
         other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
                       for s in self._running if s.prefilling]
-        return choose_ks(alphas, caps, self._verify_cost, per_token, other_rows, policy.min_gain,
+        return choose_ks(alphas, caps, self._verify_cost, per_pass, other_rows, policy.min_gain,
                          self._calibration.factor)
 
     def _next_step_is_plain(self) -> bool:

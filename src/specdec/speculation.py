@@ -3,9 +3,11 @@
 A step of the batched engine runs one target pass over every decoding sequence's K_i + 1 rows.
 Its expected yield is sum_i tau(a_i, K_i) tokens, tau(a, K) = (1 - a^(K+1)) / (1 - a)
 (specdec.speedup), and its cost is the target pass over those rows (a measured verify-cost table
-over batch size and rows per sequence) plus the drafter's cost per drafted token. The auto policy
-picks the K_i that maximise tokens per second of the whole batch, exactly (choose_ks: the cost
-depends on the drafts only through their number, and each sequence's j-th draft yields a^j), with
+over batch size and rows per sequence) plus the drafter's passes: max_i K_i of them, each drafting
+one token for every sequence still drafting (a draft model's pass over a few rows costs about what
+one row does). The auto policy picks the K_i that maximise tokens per second of the whole batch,
+exactly (choose_ks: the cost depends on the drafts only through their number and their largest K,
+and each sequence's j-th draft yields a^j), with
 all K_i = 0 (a plain step) among the candidates: under its own model a step is never predicted
 slower than plain decoding. Each sequence's acceptance is a posterior over its own drafts. K only
 changes how many drafts are verified, never which tokens come out (the rejection rule keeps the
@@ -88,8 +90,8 @@ class SpeculationPolicy:
     prior of a sequence's acceptance rate before it has drafted (a mean of 0.5 over 4 pseudo-drafts
     by default: four unlucky rounds in a row, 0 of 4 judged, leave 0.25, not 0.17). verify_cost: the target's
     cost table; None: the engine measures it at start-up.
-    draft_seconds_per_token: the drafter's cost per drafted token before the engine has timed it
-    (DraftCost).
+    draft_seconds_per_pass: the drafter's seconds per drafting pass (one token for every drafting
+    sequence) before the engine has timed it (DraftCost).
     min_gain: a step speculates only when its predicted rate beats plain's by this fraction (the
     cost model is measured, so a prediction within its error is no reason to risk being slower)."""
 
@@ -98,7 +100,7 @@ class SpeculationPolicy:
     prior_accepted: float = 2.0
     prior_rejected: float = 2.0
     verify_cost: VerifyCostTable | None = None
-    draft_seconds_per_token: float = 0.0
+    draft_seconds_per_pass: float = 0.0
     min_gain: float = 0.05
 
     def __post_init__(self) -> None:
@@ -109,8 +111,8 @@ class SpeculationPolicy:
                                       f"in mode {self.mode}, got {self.k}")
         if self.prior_accepted <= 0 or self.prior_rejected <= 0:
             raise InvalidRequestError("the acceptance prior's pseudo-counts must be > 0")
-        if self.draft_seconds_per_token < 0 or self.min_gain < 0:
-            raise InvalidRequestError("draft_seconds_per_token and min_gain must be >= 0")
+        if self.draft_seconds_per_pass < 0 or self.min_gain < 0:
+            raise InvalidRequestError("draft_seconds_per_pass and min_gain must be >= 0")
 
     @classmethod
     def auto(cls, k_max: int = 8, **kwargs) -> "SpeculationPolicy":
@@ -154,25 +156,30 @@ class RecentMedian:
 
 
 class DraftCost:
-    """The drafter's seconds per drafted token as the auto policy reads it: the median of the latest
-    `window` timed drafting steps, so that one outlier (a CUDA graph captured, a draft model catching
-    up on a long context) does not set it; forgotten after `memory` steps without a timed one
-    (RecentMedian). prior: what it reads before any step was timed."""
+    """The drafter's seconds per drafting pass as the auto policy reads it: a step that drafts up to
+    K tokens for some sequences runs K passes, each drafting one token for every sequence still
+    drafting (a draft model: one forward_ragged over those rows, whose cost hardly depends on how
+    many there are). The median of the latest `window` timed drafting steps, each step's seconds
+    over its passes, so that one outlier (a busy moment) does not set it; forgotten after `memory`
+    steps without one (RecentMedian). The engine times only steps where no drafter catches up on
+    text it has not seen (its first draft reads the prompt; after a plain stretch it reads every
+    token since): those cost the catching up, not the drafting. prior: what it reads before any
+    step was timed."""
 
     def __init__(self, prior: float, window: int = 32, memory: int = 512):
         self.prior = prior
-        self._per_token = RecentMedian(window, memory)
+        self._per_pass = RecentMedian(window, memory)
 
     def tick(self) -> None:
         """One engine step went by."""
-        self._per_token.tick()
+        self._per_pass.tick()
 
-    def record(self, seconds: float, tokens: int) -> None:
-        self._per_token.add(seconds / tokens)
+    def record(self, seconds: float, passes: int) -> None:
+        self._per_pass.add(seconds / passes)
 
     @property
-    def per_token(self) -> float:
-        median = self._per_token.median
+    def per_pass(self) -> float:
+        median = self._per_pass.median
         return self.prior if median is None else median
 
 
@@ -236,49 +243,51 @@ class StepPlan:
         return len(self.ks) / self.plain_seconds
 
 
-def step_seconds(cost: VerifyCostTable, ks: Sequence[int], other_rows: Sequence[int], draft_per_token: float) -> float:
-    """Predicted seconds of a step: one pass over every sequence's rows plus the drafting."""
-    return _seconds_with(cost, len(ks), sum(ks), other_rows, draft_per_token)
+def step_seconds(cost: VerifyCostTable, ks: Sequence[int], other_rows: Sequence[int], draft_per_pass: float) -> float:
+    """Predicted seconds of a step: one pass over every sequence's rows plus max(ks) drafting passes."""
+    return float(_seconds_with(cost, len(ks), np.asarray([sum(ks)]), max(ks, default=0), other_rows,
+                               draft_per_pass)[0])
 
 
-def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTable, draft_per_token: float,
+def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTable, draft_per_pass: float,
               other_rows: Sequence[int] = (), min_gain: float = 0.0, drafting_factor: float = 1.0) -> StepPlan:
     """The K_i (0 up to caps[i]) that maximise the batch's predicted tokens per second.
 
     A step's cost depends on the drafts only through their total D (the pass over B sequences and
-    B + D rows, plus D drafted tokens), and the j-th draft of a sequence with acceptance a adds
-    a^j expected tokens, less than its (j-1)-th. So for each D the best split gives the D drafts
-    of largest gain, whoever they belong to, and the plan is the best of D = 0 .. sum(caps): the
-    exact optimum under the model, whatever shape the measured cost has (on a CPU a pass of 5 rows
-    may cost less than one of 1). other_rows: the rows of prefill chunks sharing the pass (they
-    cost time and yield no tokens). drafting_factor: what a drafting step's seconds are multiplied
-    by (StepCalibration). A plan predicted less than min_gain above plain's rate gives way to the
+    B + D rows) and their largest K, m (the drafting passes), and the j-th draft of a sequence with
+    acceptance a adds a^j expected tokens, less than its (j-1)-th. So for each m and D the best
+    split gives the D drafts of largest gain among those with j <= m, whoever they belong to, and
+    the plan is the best over m = 1 .. max(caps) and D, against the plain step (D = 0): the exact
+    optimum under the model, whatever shape the measured cost has (on a CPU a pass of 5 rows may
+    cost less than one of 1). other_rows: the rows of prefill chunks sharing the pass (they cost
+    time and yield no tokens). drafting_factor: what a drafting step's seconds are multiplied by
+    (StepCalibration). A plan predicted less than min_gain above plain's rate gives way to the
     plain step."""
     n = len(alphas)
-    plain = step_seconds(cost, [0] * n, other_rows, draft_per_token)
-    owner = np.repeat(np.arange(n), caps)  # one entry per possible draft: its sequence, its place j in it
-    if owner.size == 0:
-        return StepPlan((0,) * n, float(n), plain, plain)
-    place = np.arange(owner.size) - np.repeat(np.cumsum(caps) - caps, caps) + 1
-    gains = np.asarray(alphas, dtype=float)[owner] ** place
-    order = np.argsort(-gains, kind="stable")
-    drafts = np.arange(1, owner.size + 1)
-    tokens = n + np.cumsum(gains[order])
-    seconds = _seconds_with(cost, n, drafts, other_rows, draft_per_token) * drafting_factor
-    best = int(np.argmax(tokens / seconds))  # the first of equals: the fewest drafts
-    if not tokens[best] / seconds[best] > (1 + min_gain) * (1 + 1e-9) * n / plain:  # ties go to plain
-        return StepPlan((0,) * n, float(n), plain, plain)
-    ks = np.bincount(owner[order[:best + 1]], minlength=n)
-    return StepPlan(tuple(int(k) for k in ks), float(tokens[best]), float(seconds[best]), plain)
+    plain = step_seconds(cost, [0] * n, other_rows, draft_per_pass)
+    best = (n / plain * (1 + min_gain) * (1 + 1e-9), None)  # (rate to beat, plan)
+    for m in range(1, max(caps, default=0) + 1):
+        capped = np.minimum(caps, m)
+        owner = np.repeat(np.arange(n), capped)  # one entry per possible draft: its sequence, its place j
+        place = np.arange(owner.size) - np.repeat(np.cumsum(capped) - capped, capped) + 1
+        gains = np.asarray(alphas, dtype=float)[owner] ** place
+        order = np.argsort(-gains, kind="stable")
+        tokens = n + np.cumsum(gains[order])
+        seconds = _seconds_with(cost, n, np.arange(1, owner.size + 1), m, other_rows, draft_per_pass) * drafting_factor
+        d = int(np.argmax(tokens / seconds))  # the first of equals: the fewest drafts
+        if tokens[d] / seconds[d] > best[0]:
+            ks = np.bincount(owner[order[:d + 1]], minlength=n)
+            best = (tokens[d] / seconds[d] * (1 + 1e-9), StepPlan(tuple(int(k) for k in ks), float(tokens[d]),
+                                                                  float(seconds[d]), plain))
+    return best[1] or StepPlan((0,) * n, float(n), plain, plain)
 
 
-def _seconds_with(cost: VerifyCostTable, num_seqs: int, drafts, other_rows: Sequence[int],
-                  draft_per_token: float):
-    """step_seconds of num_seqs decoding sequences drafting `drafts` tokens in all (an int, or an
-    array of draft totals: then an array)."""
-    rows = num_seqs + np.asarray(drafts) + sum(other_rows)
-    seconds = cost.costs(num_seqs + len(other_rows), np.atleast_1d(rows)) + draft_per_token * np.atleast_1d(drafts)
-    return seconds if np.ndim(drafts) else float(seconds[0])
+def _seconds_with(cost: VerifyCostTable, num_seqs: int, drafts: np.ndarray, passes: int, other_rows: Sequence[int],
+                  draft_per_pass: float) -> np.ndarray:
+    """Seconds of steps of num_seqs decoding sequences drafting drafts[i] tokens in all, in `passes`
+    drafting passes: [len(drafts)]."""
+    rows = num_seqs + drafts + sum(other_rows)
+    return cost.costs(num_seqs + len(other_rows), rows) + draft_per_pass * passes
 
 
 def measure_verify_cost(target, k_max: int, trials: int = 5) -> VerifyCostTable:
