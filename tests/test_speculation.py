@@ -6,13 +6,14 @@ import torch
 
 from specdec.batching import BatchConfig, BatchedEngine
 from specdec.drafters import ModelDrafter
+from specdec.drafters.oracle import OracleDrafter
 from specdec.engine import GenerationConfig, Origin
 from specdec.generation import SpecStats
 from specdec.verify import Verdict
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import LoopSlots
 from specdec.sampling import SamplingParams
-from specdec.speculation import (SpeculationPolicy, VerifyCostTable, choose_ks, measure_verify_cost,
+from specdec.speculation import (AcceptancePool, SpeculationPolicy, VerifyCostTable, choose_ks, measure_verify_cost,
                                  step_seconds, tokens_at)
 from tests.markov import MarkovLM
 from tests.test_batching import make_drafter, mixed_requests, plain, run_arriving
@@ -208,6 +209,40 @@ def test_a_step_whose_drafter_catches_up_is_not_timed(tiny_target, tiny_draft, m
     assert len(drafting) >= 3
     assert len(timed) == len(drafting) - 1 and all(1 <= p <= 4 for p in timed)
     assert calibrated.count(True) == len(drafting) - 1
+
+
+def test_the_pool_explores_a_new_drafter_then_lends_its_mean_to_new_sequences():
+    policy = SpeculationPolicy.auto(k_max=4)
+    pool = AcceptancePool(policy, explore=32, memory=1000)
+    assert pool.exploring("d") and pool.estimate("d", 0, 0) == 1.0  # plan as if all were kept: it drafts
+    pool.add("d", 24, 30)
+    assert pool.exploring("d")
+    pool.add("d", 8, 10)  # 32 of 40 judged drafts kept
+    assert not pool.exploring("d") and pool.exploring("other")
+    assert pool.estimate("d", 0, 0) == pytest.approx(policy.acceptance(32, 40), abs=1e-9)  # a new sequence: the pool's
+    assert pool.estimate("d", 0, 40) < 0.1  # its own evidence outweighs the prior's 4 pseudo-drafts
+    assert pool.estimate("d", 0, 0) > 0.75 > policy.acceptance(0, 0)
+    pool.add("d", 900, 990)  # past its memory: the counts halve (515 of 515 + ...), the mean holds
+    assert pool._counts["d"] == [466.0, 515.0]
+
+
+def test_a_good_drafter_is_found_from_a_prior_that_would_never_try_it(tiny_target):
+    """At a = 0.5 (the neutral prior) this cost table makes drafting lose, at a = 1 it wins: without
+    exploration the policy would never draft, so never learn. The oracle at alpha 1.0 (every draft
+    kept): it explores, learns that drafting pays and drafts on; the next sequence starts from the pool."""
+    costs = VerifyCostTable.from_rows([(1, 1.0), (2, 1.5), (3, 1.9), (5, 2.6)])
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=costs)
+    assert choose_ks([policy.acceptance(0, 0)], [4], costs, 0.0, min_gain=policy.min_gain).ks == (0,)
+    assert choose_ks([1.0], [4], costs, 0.0, min_gain=policy.min_gain).ks == (4,)
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 1), None, config=BatchConfig(64, policy))
+    prompt = list(range(3, 23))
+    config = GenerationConfig(max_new_tokens=48, ignore_eos=True)
+    for _ in range(2):
+        oracle = OracleDrafter(tiny_target.with_own_cache(), alpha=1.0, horizon=64)
+        handle = engine.submit(prompt, config, drafter=oracle)
+        engine.run()
+        assert handle.token_ids == plain(tiny_target, prompt, config).token_ids
+        assert handle.stats.rounds < 20 and handle.stats.judged >= 32  # it drafted (48 tokens in < 20 rounds)
 
 
 def test_fixed_mode_overrides_each_request_k(tiny_target):

@@ -32,8 +32,8 @@ from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, p
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
-from specdec.speculation import (DraftCost, SpeculationPolicy, StepCalibration, StepDecision, StepPlan,
-                                 choose_ks, measure_verify_cost, step_seconds)
+from specdec.speculation import (AcceptancePool, DraftCost, SpeculationPolicy, StepCalibration, StepDecision,
+                                 StepPlan, choose_ks, measure_verify_cost, step_seconds)
 from specdec.transfers import token_tensor
 from specdec.verify import Verdict
 
@@ -217,6 +217,7 @@ class BatchedEngine:
             self._verify_cost = measure_verify_cost(target, policy.k)
         self._draft_cost = DraftCost(policy.draft_seconds_per_pass)
         self._calibration = StepCalibration()
+        self._acceptance = AcceptancePool(policy)
         self._caught_up = False  # whether this step's drafting caught a drafter up on unseen text
         self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
         self._pipeline = target.device.type == "cuda" if config.pipeline is None else config.pipeline
@@ -425,7 +426,8 @@ class BatchedEngine:
     def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
         """The auto policy's K for each decoding sequence (none for one whose drafter drafts nothing)."""
         policy = self.config.speculation
-        alphas = [policy.acceptance(s.handle.stats.accepted, s.handle.stats.judged) for s in decoding]
+        alphas = [self._acceptance.estimate(s.drafter.name, s.handle.stats.accepted, s.handle.stats.judged)
+                  for s in decoding]
         caps = [0 if s.drafter.drafts_nothing else s.next_k(policy.k) for s in decoding]
         per_pass = self._draft_cost.per_pass
         other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
@@ -489,6 +491,8 @@ class BatchedEngine:
             if reason:
                 break
         stats.record_round(verdict, len(emitted))
+        if verdict.num_drafted:
+            self._acceptance.add(seq.drafter.name, verdict.num_accepted, verdict.num_judged)
         seq.text_checked = len(seq.context) - len(seq.prompt)
         return emitted, reason
 

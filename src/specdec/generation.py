@@ -61,7 +61,7 @@ class SpecStats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
-    judged: int = 0  # drafts the rule decided on: each round's accepted ones and its first rejected one
+    judged: int = 0  # drafts the rule decided on (Verdict.num_judged)
     generated: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
@@ -97,7 +97,7 @@ class SpecStats:
         self.rounds += 1
         self.drafted += verdict.num_drafted
         self.accepted += min(verdict.num_accepted, emitted)
-        self.judged += verdict.num_accepted + (0 if verdict.all_accepted else 1)  # those after a rejection never were
+        self.judged += verdict.num_judged
         self.generated += emitted
         grow = verdict.num_drafted - len(self.drafted_per_position)
         if grow > 0:

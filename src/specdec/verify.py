@@ -45,6 +45,12 @@ class Verdict:
     def all_accepted(self) -> bool:
         return self.num_accepted == self.num_drafted
 
+    @property
+    def num_judged(self) -> int:
+        """Drafts the rule decided on: the accepted ones and the first rejected one (those after it
+        never were)."""
+        return self.num_accepted + (0 if self.all_accepted else 1)
+
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """max(0, p - q), normalised. p, q: [..., V].
