@@ -305,7 +305,8 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     (StepCalibration). A plan predicted less than min_gain above plain's rate gives way to the
     plain step."""
     n = len(alphas)
-    plain = step_seconds(cost, [0] * n, other_rows, draft_per_pass)
+    verify = _seconds_with(cost, n, np.arange(sum(caps) + 1), 0, other_rows, 0.0)  # [D + 1]: every total, once
+    plain = float(verify[0])
     best = (n / plain * (1 + min_gain) * (1 + 1e-9), None)  # (rate to beat, plan)
     for m in range(1, max(caps, default=0) + 1):
         capped = np.minimum(caps, m)
@@ -314,7 +315,7 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
         gains = np.asarray(alphas, dtype=float)[owner] ** place
         order = np.argsort(-gains, kind="stable")
         tokens = n + np.cumsum(gains[order])
-        seconds = _seconds_with(cost, n, np.arange(1, owner.size + 1), m, other_rows, draft_per_pass) * drafting_factor
+        seconds = (verify[1:owner.size + 1] + draft_per_pass * m) * drafting_factor
         d = int(np.argmax(tokens / seconds))  # the first of equals: the fewest drafts
         if tokens[d] / seconds[d] > best[0]:
             ks = np.bincount(owner[order[:d + 1]], minlength=n)
