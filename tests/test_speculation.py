@@ -245,6 +245,20 @@ def test_a_good_drafter_is_found_from_a_prior_that_would_never_try_it(tiny_targe
         assert handle.stats.rounds < 20 and handle.stats.judged >= 32  # it drafted (48 tokens in < 20 rounds)
 
 
+def test_the_calibration_is_read_to_two_percent_so_a_plain_stretch_reuses_its_plan():
+    from specdec.speculation import StepCalibration
+
+    readings = []
+    for drafting in (1.3, 1.305, 1.33):
+        calibration = StepCalibration(window=4)
+        for _ in range(4):
+            calibration.record(observed=drafting, predicted=1.0, drafted=True)
+            calibration.record(observed=1.0, predicted=1.0, drafted=False)
+        assert calibration.factor_to(0.02) == pytest.approx(calibration.factor, rel=0.01)
+        readings.append(calibration.factor_to(0.02))
+    assert readings[0] == readings[1] != readings[2]
+
+
 def test_fixed_mode_overrides_each_request_k(tiny_target):
     first = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
                           config=BatchConfig(speculation=SpeculationPolicy.fixed(3)))

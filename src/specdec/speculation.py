@@ -16,6 +16,7 @@ output the target's).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import deque
@@ -247,6 +248,10 @@ class StepCalibration:
     def factor(self) -> float:
         drafting, plain = self._drafting.median, self._plain.median
         return 1.0 if drafting is None or plain is None else drafting / plain
+
+    def factor_to(self, step: float) -> float:
+        """factor, rounded to the nearest power of (1 + step): the same value while it moves less."""
+        return math.exp(round(math.log(self.factor) / math.log1p(step)) * math.log1p(step))
 
 
 def policy_from_flag(text: str | None, k_max: int) -> SpeculationPolicy:
