@@ -7,11 +7,11 @@ over batch size and rows per sequence) plus the drafter's passes: max_i K_i of t
 one token for every sequence still drafting (a draft model's pass over a few rows costs about what
 one row does). The auto policy picks the K_i that maximise tokens per second of the whole batch,
 exactly (choose_ks: the cost depends on the drafts only through their number and their largest K,
-and each sequence's j-th draft yields a^j), with
-all K_i = 0 (a plain step) among the candidates: under its own model a step is never predicted
-slower than plain decoding. Each sequence's acceptance is a posterior over its own drafts. K only
-changes how many drafts are verified, never which tokens come out (the rejection rule keeps the
-output the target's).
+and each sequence's j-th draft yields a^j), with all K_i = 0 (a plain step) among the candidates:
+under its own model a step is never predicted slower than plain decoding. Each sequence's
+acceptance is a posterior over its own judged drafts, its prior the mean of every sequence's with
+the same drafter (AcceptancePool). K only changes how many drafts are verified, never which tokens
+come out (the rejection rule keeps the output the target's).
 """
 
 from __future__ import annotations
