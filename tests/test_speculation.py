@@ -1,6 +1,7 @@
 """The speculation policy: K per sequence per step from acceptance and the verify cost (choose_ks),
 and the batched engine under it: K changes how many drafts are verified, never the output."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,13 +14,21 @@ from specdec.verify import Verdict
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import LoopSlots
 from specdec.sampling import SamplingParams
+from specdec.speedup import expected_tokens_per_round
 from specdec.speculation import (AcceptancePool, SpeculationPolicy, VerifyCostTable, choose_ks, measure_verify_cost,
-                                 step_seconds, tokens_at)
+                                 step_seconds)
 from tests.markov import MarkovLM
 from tests.test_batching import make_drafter, mixed_requests, plain, run_arriving
 from tests.test_exactness import HOT, PROMPT, V, exact_joint, goodness_of_fit
 
 CPU = torch.device("cpu")
+
+
+def tokens_at(alpha: float, k: int) -> float:
+    """tau from the formula, the reference the policy's sums of a^j are checked against (1 for k = 0)."""
+    return 1.0 if k == 0 else expected_tokens_per_round(alpha, k)
+
+
 # A GPU-like pass: flat in rows at batch 1, rows cost about as much as sequences at batch 32.
 GPU_LIKE = VerifyCostTable((1, 32), (1, 2, 5, 9), ((10e-3, 10.1e-3, 10.3e-3, 10.6e-3), (12e-3, 24e-3, 60e-3, 108e-3)))
 
@@ -137,9 +146,10 @@ def test_drafting_steps_slower_than_predicted_make_the_policy_draft_less():
 
 
 def test_the_cost_table_interpolates_and_refuses_bad_shapes():
-    assert GPU_LIKE.cost(1, 1) == pytest.approx(10e-3)
-    assert GPU_LIKE.cost(32, 64) == pytest.approx(24e-3)
-    assert 10e-3 < GPU_LIKE.cost(16, 16) < 12e-3
+    one, thirty_two, sixteen = (GPU_LIKE.costs(b, np.asarray([rows]))[0] for b, rows in ((1, 1), (32, 64), (16, 16)))
+    assert one == pytest.approx(10e-3)
+    assert thirty_two == pytest.approx(24e-3)
+    assert 10e-3 < sixteen < 12e-3
     with pytest.raises(InvalidRequestError, match="increasing"):
         VerifyCostTable((2, 1), (1,), ((1.0,), (1.0,)))
     with pytest.raises(InvalidRequestError, match="mode"):

@@ -140,7 +140,7 @@ class _Sequence:
     pending: torch.Tensor | None = None  # [1] the newest token, fed first by the next verify
     text_checked: int = 0  # generated tokens already checked for stop strings
     running: bool = False  # holds a slot (admitted, not yet left)
-    drafted_upto: int = -1  # the text's length when its drafter last proposed (-1: never; it reads the prompt then)
+    drafted_upto: int = -1  # auto mode: the text's length when its drafter last proposed (-1: never yet)
 
     @property
     def prefilling(self) -> bool:
@@ -373,9 +373,7 @@ class BatchedEngine:
         start = time.perf_counter()
         drafts = propose_all([s.drafter for s in decoding], [s.context for s in decoding], ks,
                              [s.config.sampling for s in decoding], [s.generator for s in decoding])
-        self._caught_up = False
-        if any(ks) and self.config.speculation.mode == "auto":
-            self._time_drafts(decoding, ks, start)
+        self._caught_up = any(ks) and self.config.speculation.mode == "auto" and self._time_drafts(decoding, ks, start)
         draft_of = {id(s): d or empty_draft(self.target.device) for s, d in zip(decoding, drafts)}
         units = []
         for seq in self._running:
@@ -387,21 +385,22 @@ class BatchedEngine:
                 units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft))
         return units
 
-    def _time_drafts(self, decoding: list[_Sequence], ks: list[int], start: float) -> None:
+    def _time_drafts(self, decoding: list[_Sequence], ks: list[int], start: float) -> bool:
         """The drafting of this step for the auto policy's draft cost: waited for on the device (a
         draft model's passes run asynchronously; the verify needs their tokens anyway), and not
         counted when a drafter caught up on more text than one round leaves unseen (its first draft
         reads the prompt; after plain steps it reads every token since): that step's seconds are the
-        catching up's, and it is no evidence for the calibration either (_caught_up)."""
+        catching up's, and it is no evidence for the calibration either. Returns whether one did."""
         if self.target.device.type == "cuda":
             torch.cuda.synchronize(self.target.device)
         most_unseen = self.config.speculation.k + 1  # a round's pending token and kept drafts
         drafting = [s for s, k in zip(decoding, ks) if k]
-        self._caught_up = any(s.drafted_upto < 0 or len(s.context) - s.drafted_upto > most_unseen for s in drafting)
-        if not self._caught_up:
+        caught_up = any(s.drafted_upto < 0 or len(s.context) - s.drafted_upto > most_unseen for s in drafting)
+        if not caught_up:
             self._draft_cost.record(time.perf_counter() - start, max(ks))
         for seq in drafting:
             seq.drafted_upto = len(seq.context)
+        return caught_up
 
     def _decide(self, decoding: list[_Sequence]) -> list[int]:
         """K per decoding sequence under the speculation policy; the decision goes to last_decision."""
@@ -435,12 +434,12 @@ class BatchedEngine:
                       for s in self._running if s.prefilling]
         # The same inputs give the same plan: through a plain stretch only the calibration moves,
         # read to 2 %, so at high load (where the host's time a step is the server's) it is reused.
-        inputs = (tuple(alphas), tuple(caps), self._draft_cost.per_pass, tuple(other_rows),
-                  self._calibration.factor_to(0.02))
+        per_pass, factor = self._draft_cost.per_pass, self._calibration.factor_to(0.02)
+        inputs = (tuple(alphas), tuple(caps), per_pass, tuple(other_rows), factor)
         if inputs != self._planned_for:
             self._planned_for = inputs
-            self._latest_plan = choose_ks(alphas, caps, self._verify_cost, inputs[2], other_rows, policy.min_gain,
-                                          inputs[4])
+            self._latest_plan = choose_ks(alphas, caps, self._verify_cost, per_pass, other_rows, policy.min_gain,
+                                          factor)
         return self._latest_plan
 
     def _next_step_is_plain(self) -> bool:

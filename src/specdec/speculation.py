@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from specdec.errors import InvalidRequestError
-from specdec.speedup import expected_tokens_per_round
 
 MODES = ("request", "fixed", "auto")
 
@@ -58,13 +57,9 @@ class VerifyCostTable:
         rows, secs = zip(*sorted(points))
         return cls((1, 2), tuple(rows), (tuple(secs), tuple(2 * s for s in secs)))
 
-    def cost(self, num_seqs: int, total_rows: int) -> float:
-        """Seconds of a pass over num_seqs sequences bringing total_rows rows in all."""
-        return float(self.costs(num_seqs, np.asarray([total_rows]))[0])
-
     def costs(self, num_seqs: int, total_rows: np.ndarray) -> np.ndarray:
-        """cost() of passes over num_seqs sequences for each of total_rows [n], in one go (the auto
-        policy prices every draft total of a step, at every step)."""
+        """Seconds of a pass over num_seqs sequences bringing total_rows[i] rows in all, for each i,
+        in one go (the auto policy prices every draft total of a step, at every step)."""
         seconds = np.asarray(self.seconds)  # [batch sizes, rows per sequence]
         along_batch = _interpolate(np.asarray(self.batch_sizes, dtype=float), seconds, np.asarray([num_seqs]))[0]
         per_seq = np.asarray(total_rows, dtype=float) / num_seqs
@@ -264,11 +259,6 @@ def policy_from_flag(text: str | None, k_max: int) -> SpeculationPolicy:
     if not text.isdigit() or int(text) < 1:
         raise InvalidRequestError(f"--speculation must be auto or a whole number K >= 1, got {text!r}")
     return SpeculationPolicy.fixed(int(text))
-
-
-def tokens_at(alpha: float, k: int) -> float:
-    """tau: expected tokens of a step with k drafts (1 for a plain step)."""
-    return 1.0 if k == 0 else expected_tokens_per_round(alpha, k)
 
 
 @dataclass(frozen=True)
