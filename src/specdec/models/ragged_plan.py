@@ -121,6 +121,9 @@ class RaggedGraph:
         device = model.device
         self.tokens = torch.zeros(layout.rows, dtype=torch.long, device=device)
         self.meta = torch.zeros(layout.size, dtype=torch.int32, device=device)
+        self._staging = [torch.zeros(layout.size, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self._copied: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
         rows, self.head = layout.views(self.meta, model.attention_chunks)
         self._copy_in(RaggedPlan((), (), (), ()), model.scratch)  # warm-up runs execute: every row is padding
         side = torch.cuda.Stream()
@@ -139,6 +142,14 @@ class RaggedGraph:
         self.graph.replay()
 
     def _copy_in(self, plan: "RaggedPlan", scratch: tuple[int, int]) -> None:
-        # A plain (blocking) copy: the host array is built anew each step, so it must not be read
-        # late by a copy still queued behind the previous pass.
-        self.meta.copy_(torch.from_numpy(plan.pack(self.layout, self.model.arch.group, *scratch)))
+        # From pinned memory without waiting: a blocking copy waits for the pass queued before it,
+        # so the GPU would idle while the host launches this one. Two staging arrays take turns; an
+        # array is refilled only once its last copy has run (its event), which by then it has.
+        turn = self._turn = 1 - self._turn
+        if self._copied[turn] is not None:
+            self._copied[turn].synchronize()
+        staging = self._staging[turn]
+        staging.numpy()[:] = plan.pack(self.layout, self.model.arch.group, *scratch)
+        self.meta.copy_(staging, non_blocking=True)
+        self._copied[turn] = torch.cuda.Event()
+        self._copied[turn].record()
