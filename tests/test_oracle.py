@@ -73,3 +73,21 @@ def test_proposals_past_the_recording(tiny_target):
     assert draft.tokens.shape == (8,)
     assert draft.q[0].max().item() == 1.0  # position 2 was recorded: alpha 1 on its truth
     torch.testing.assert_close(draft.q[1:], torch.full((7, tiny_target.vocab_size), 1.0 / tiny_target.vocab_size))
+
+
+def test_forks_draw_their_own_wrong_positions(tiny_target):
+    """Each sequence's oracle (a fork) corrupts its own positions: with one seed for all, every sequence
+    would find the same positions wrong, and what the auto policy learns from one would be all's luck."""
+    greedy, truth = SamplingParams(temperature=0.0), record_greedy(tiny_target, PROMPT, 40)
+
+    def kept_pattern(oracle):
+        tiny_target.reset()
+        oracle.begin(PROMPT)
+        return [a == b for a, b in zip(oracle.propose(PROMPT, 40, greedy, None).tokens.tolist(), truth)]
+
+    prototype = OracleDrafter(tiny_target, alpha=0.5, horizon=40, seed=3)
+    forks = [prototype.fork() for _ in range(3)]
+    patterns = [kept_pattern(f) for f in forks]
+    assert len({tuple(p) for p in patterns}) == 3
+    again = OracleDrafter(tiny_target, alpha=0.5, horizon=40, seed=3)
+    assert [kept_pattern(again.fork()) for _ in range(3)] == patterns  # the same seed, the same forks: reproducible

@@ -16,6 +16,8 @@ position still has its own independent draw, accepted with probability alpha.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from specdec.transfers import token_tensor
@@ -55,6 +57,7 @@ class OracleDrafter(Drafter):
         self.vocab_size = target.vocab_size
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.seed = seed
+        self._forks = itertools.count(1)  # fork n draws from seed + n
         cost = draft_model.name if draft_model else draft_slots.model.name if draft_slots else None
         self.name = f"oracle(alpha={alpha:g}" + (f", cost of {cost})" if cost else ")")
         self.lease = DraftLease(draft_slots) if draft_slots is not None else None
@@ -91,7 +94,9 @@ class OracleDrafter(Drafter):
         """Another sequence's oracle: the same target, alpha, seed, draft cost and recordings."""
         if self.draft_model is not None:
             return super().fork()  # its draft model holds one sequence's cache
-        twin = OracleDrafter(self.target, self.alpha, None, self.horizon, self.seed,
+        # Its own draws: with the same seed every sequence would find the same positions wrong, and
+        # what one learns about its drafts (the auto policy) would be every other's luck too.
+        twin = OracleDrafter(self.target, self.alpha, None, self.horizon, self.seed + next(self._forks),
                              self.lease.pool if self.lease else None)
         twin._recorded = self._recorded  # the target's continuations are no one sequence's state
         return twin
