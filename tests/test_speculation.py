@@ -255,6 +255,62 @@ def test_a_good_drafter_is_found_from_a_prior_that_would_never_try_it(tiny_targe
         assert handle.stats.rounds < 20 and handle.stats.judged >= 32  # it drafted (48 tokens in < 20 rounds)
 
 
+def simulated_tokens_per_step(policy: SpeculationPolicy, costs: VerifyCostTable, pool: AcceptancePool, alpha: float,
+                              tokens: int, seed: int) -> float:
+    """One sequence under the auto policy with the engine's estimate and fading, each draft kept with
+    probability alpha: its tokens per second under the cost table."""
+    from specdec.speculation import SequenceEvidence, fade_evidence
+
+    rng, evidence, made, step, seconds = np.random.default_rng(seed), SequenceEvidence(), 0, 0, 0.0
+    while made < tokens:
+        step += 1
+        fade_evidence(policy, step, [evidence])
+        k = choose_ks([pool.estimate("d", evidence.accepted, evidence.judged)], [4], costs, 0.0,
+                      min_gain=policy.min_gain).ks[0]
+        kept = int(np.argmin(np.append(rng.random(k) < alpha, False)))  # drafts before the first rejection
+        if k:
+            evidence.add(kept, min(kept + 1, k))
+        made += kept + 1
+        seconds += float(costs.costs(1, np.asarray([1 + k]))[0])
+    return made / seconds
+
+
+def test_a_sequence_that_stopped_after_unlucky_rounds_drafts_again():
+    """Where drafting pays from a = 0.7 (this cost table), a pool at 0.8 and 4 pseudo-drafts: one
+    rejected first draft (0.64) turns a sequence plain. With lifelong counts (a half-life of a million
+    steps) it stays plain, bringing no evidence to undo it; with its evidence fading it returns to the
+    pool's mean and drafts again. 40 sequences of 200 tokens, each draft kept with probability 0.8: the
+    gain over plain is 97 % of a fixed K = 4's with fading, 68 % without."""
+    costs = VerifyCostTable.from_rows([(1, 1.0), (2, 1.62), (3, 2.09), (5, 2.64)])
+    always = tokens_at(0.8, 4) / 2.64  # K = 4 every step, against plain's 1 token a step
+    rates = {}
+    for half_life in (16, 10**6):
+        policy = SpeculationPolicy.auto(k_max=4, verify_cost=costs, evidence_half_life=half_life)
+        pool = AcceptancePool(policy)
+        pool.add("d", 800, 1000)
+        assert choose_ks([pool.estimate("d", 0, 0)], [4], costs, 0.0, min_gain=policy.min_gain).ks == (4,)
+        assert choose_ks([pool.estimate("d", 0, 1)], [4], costs, 0.0, min_gain=policy.min_gain).ks == (0,)
+        rates[half_life] = np.mean([simulated_tokens_per_step(policy, costs, pool, 0.8, 200, seed) for seed in range(40)])
+    gain = {half_life: (rate - 1) / (always - 1) for half_life, rate in rates.items()}  # of K = 4's over plain
+    assert gain[16] > 0.9 and gain[10**6] < 0.8
+
+
+def test_evidence_fades_to_nothing_and_stays_put_once_gone():
+    from specdec.speculation import SequenceEvidence
+
+    evidence = SequenceEvidence()
+    evidence.add(3, 4)
+    evidence.fade(0.5)
+    assert (evidence.accepted, evidence.judged) == (1.5, 2.0)
+    for _ in range(2):
+        evidence.fade(0.5)
+    assert (evidence.accepted, evidence.judged) == (0.375, 0.5)
+    evidence.fade(0.5)
+    assert (evidence.accepted, evidence.judged) == (0.0, 0.0)  # under half a judged draft: forgotten
+    with pytest.raises(InvalidRequestError, match="evidence_half_life"):
+        SpeculationPolicy.auto(evidence_half_life=1)
+
+
 def test_the_calibration_is_read_to_two_percent_so_a_plain_stretch_reuses_its_plan():
     from specdec.speculation import StepCalibration
 

@@ -32,8 +32,9 @@ from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, p
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
-from specdec.speculation import (AcceptancePool, DraftCost, SpeculationPolicy, StepCalibration, StepDecision,
-                                 StepPlan, choose_ks, measure_verify_cost, step_seconds)
+from specdec.speculation import (AcceptancePool, DraftCost, SequenceEvidence, SpeculationPolicy, StepCalibration,
+                                 StepDecision, StepPlan, choose_ks, fade_evidence, measure_verify_cost,
+                                 step_seconds)
 from specdec.transfers import token_tensor
 from specdec.verify import Verdict
 
@@ -141,6 +142,7 @@ class _Sequence:
     text_checked: int = 0  # generated tokens already checked for stop strings
     running: bool = False  # holds a slot (admitted, not yet left)
     drafted_upto: int = -1  # auto mode: the text's length when its drafter last proposed (-1: never yet)
+    evidence: SequenceEvidence = field(default_factory=SequenceEvidence)  # auto mode: its judged drafts, fading
 
     @property
     def prefilling(self) -> bool:
@@ -221,6 +223,7 @@ class BatchedEngine:
         self._planned_for: tuple | None = None  # the inputs of the latest auto plan, and the plan
         self._latest_plan: StepPlan | None = None
         self._caught_up = False  # whether this step's drafting caught a drafter up on unseen text
+        self._steps = 0  # steps run (the auto policy fades each sequence's evidence by them)
         self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
         self._pipeline = target.device.type == "cuda" if config.pipeline is None else config.pipeline
         self._ahead: _Flight | None = None  # a plain step queued before the one before it was read
@@ -273,6 +276,9 @@ class BatchedEngine:
         if not self._running:
             return self.busy
         self._draft_cost.tick()
+        self._steps += 1
+        if self.config.speculation.mode == "auto":
+            fade_evidence(self.config.speculation, self._steps, [s.evidence for s in self._running])
         start = time.perf_counter()
         flight, self._ahead = self._still_ahead(), None
         drafted = start
@@ -427,7 +433,7 @@ class BatchedEngine:
     def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
         """The auto policy's K for each decoding sequence (none for one whose drafter drafts nothing)."""
         policy = self.config.speculation
-        alphas = [self._acceptance.estimate(s.drafter.name, s.handle.stats.accepted, s.handle.stats.judged)
+        alphas = [self._acceptance.estimate(s.drafter.name, s.evidence.accepted, s.evidence.judged)
                   for s in decoding]
         caps = [0 if s.drafter.drafts_nothing else s.next_k(policy.k) for s in decoding]
         other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
@@ -500,6 +506,7 @@ class BatchedEngine:
         stats.record_round(verdict, len(emitted))
         if verdict.num_drafted:
             self._acceptance.add(seq.drafter.name, verdict.num_accepted, verdict.num_judged)
+            seq.evidence.add(verdict.num_accepted, verdict.num_judged)
         seq.text_checked = len(seq.context) - len(seq.prompt)
         return emitted, reason
 
