@@ -433,8 +433,8 @@ class BatchedEngine:
     def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
         """The auto policy's K for each decoding sequence (none for one whose drafter drafts nothing)."""
         policy = self.config.speculation
-        alphas = [self._acceptance.estimate(s.drafter.name, s.evidence.accepted, s.evidence.judged)
-                  for s in decoding]
+        alphas = self._acceptance.estimates([(s.drafter.name, s.evidence.accepted, s.evidence.judged)
+                                             for s in decoding])
         caps = [0 if s.drafter.drafts_nothing else s.next_k(policy.k) for s in decoding]
         other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
                       for s in self._running if s.prefilling]

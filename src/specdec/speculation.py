@@ -16,6 +16,7 @@ come out (the rejection rule keeps the output the target's).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -216,13 +217,21 @@ class AcceptancePool:
     def exploring(self, drafter: str) -> bool:
         return self._counts.get(drafter, [0.0, 0.0])[1] < self.explore
 
-    def estimate(self, drafter: str, accepted: int, judged: int) -> float:
+    def estimate(self, drafter: str, accepted: float, judged: float) -> float:
         """A sequence's acceptance for the plan: 1 while its drafter is explored, else its posterior
         mean under the pool's prior."""
-        if self.exploring(drafter):
-            return 1.0
-        pooled_accepted, pooled_judged = self._counts[drafter]
-        return self.policy.acceptance(accepted, judged, self.policy.acceptance(pooled_accepted, pooled_judged))
+        return self.estimates([(drafter, accepted, judged)])[0]
+
+    def estimates(self, evidence: Sequence[tuple[str, float, float]]) -> list[float]:
+        """estimate() of many sequences (drafter, accepted, judged), each drafter's prior worked out once."""
+        priors: dict[str, float | None] = {}
+        out = []
+        for drafter, accepted, judged in evidence:
+            if drafter not in priors:
+                priors[drafter] = None if self.exploring(drafter) else self.policy.acceptance(*self._counts[drafter])
+            prior = priors[drafter]
+            out.append(1.0 if prior is None else self.policy.acceptance(accepted, judged, prior))
+        return out
 
 
 class SequenceEvidence:
@@ -322,8 +331,16 @@ class StepPlan:
 
 def step_seconds(cost: VerifyCostTable, ks: Sequence[int], other_rows: Sequence[int], draft_per_pass: float) -> float:
     """Predicted seconds of a step: one pass over every sequence's rows plus max(ks) drafting passes."""
-    return float(_seconds_with(cost, len(ks), np.asarray([sum(ks)]), max(ks, default=0), other_rows,
-                               draft_per_pass)[0])
+    passes = max(ks, default=0)
+    return _shape_seconds(cost, len(ks), sum(ks), passes, tuple(other_rows), draft_per_pass if passes else 0.0)
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_seconds(cost: VerifyCostTable, num_seqs: int, drafts: int, passes: int, other_rows: tuple[int, ...],
+                   draft_per_pass: float) -> float:
+    """step_seconds by the step's shape, remembered: the engine prices every step it calibrates on, and
+    through a plain stretch the shape repeats (numpy's interpolation costs tens of microseconds)."""
+    return float(_seconds_with(cost, num_seqs, np.asarray([drafts]), passes, other_rows, draft_per_pass)[0])
 
 
 def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTable, draft_per_pass: float,
