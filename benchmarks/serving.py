@@ -16,7 +16,12 @@ the CPU, a few requests a level, tests this script end to end in about a minute.
 README's CPU table: the embedded SmolLM2-135M with its default drafter (`auto`: lookup, then the
 embedded draft model) on this machine's CPU, one torch thread a server.
 
-    bash benchmarks/serving.sh [--smoke | --cpu] [--out DIR] [--deadline-s S]
+    bash benchmarks/serving.sh [--smoke | --cpu] [--servers plain,auto] [--rounds R] [--out DIR] [--deadline-s S]
+
+With --rounds R > 1 the chosen servers run side by side instead: all started and warmed first, then
+each level on each server in turn, R times, so that a ratio compares runs minutes apart and the
+rounds' spread shows its noise (one server after another, a run's ratio at 16 and 32 in flight moved
+by about ten percent on the H200).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import os
 import signal
 import socket
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -196,6 +202,72 @@ def run_server(plan: Plan, spec: ServerSpec, log, work: Path, entries: dict) -> 
         print(f"[{spec.label}] stopped after {time.monotonic() - started:.0f} s", flush=True)
 
 
+def run_interleaved(plan: Plan, specs: list[ServerSpec], rounds: int, log, work: Path, measured: dict) -> None:
+    """Every server up at once, warmed; then each level runs on each server in turn, `rounds` times,
+    the order reversed every other round, into measured[label][level] (a list of runs, one a round).
+    So each round's ratio compares servers measured minutes apart at most, and the spread between
+    rounds shows the noise a ratio carries."""
+    try:
+        _interleave(plan, specs, rounds, log, work, measured)
+    except Deadline:
+        raise
+    except Exception as exc:  # noqa: BLE001 - what the rounds measured before it is still reported
+        print(f"serving: the rounds stopped: {type(exc).__name__}: {exc}", flush=True)
+
+
+def _interleave(plan: Plan, specs: list[ServerSpec], rounds: int, log, work: Path, measured: dict) -> None:
+    servers = []
+    for spec in specs:
+        server = Server(plan, spec, log)
+        servers.append((spec, server))
+        started = time.monotonic()
+        server.wait_ready(plan.start_timeout_s)
+        bench_level(server.url, spec.label, spec.slots, max(2 * spec.slots, 4), plan.warmup_tokens,
+                    plan.request_timeout_s, work)
+        print(f"[{spec.label}] ready and warmed in {time.monotonic() - started:.0f} s", flush=True)
+    for level in plan.levels:
+        for r in range(rounds):
+            for spec, server in servers if r % 2 == 0 else servers[::-1]:
+                if level not in (spec.levels or plan.levels):
+                    continue
+                n = min(plan.n_at(level), spec.max_n or plan.n_at(level))
+                run = bench_level(server.url, spec.label, level, n, plan.max_tokens, plan.request_timeout_s, work)
+                measured.setdefault(spec.label, {"flags": list(spec.all_flags), "levels": {}})
+                measured[spec.label]["levels"].setdefault(level, []).append(run)
+                print(f"[{spec.label}] concurrency {level}, round {r + 1}: "
+                      f"{run['runs'][0]['output_throughput']:.1f} out tok/s", flush=True)
+
+
+def merge_rounds(measured: dict) -> dict:
+    """entries as run_server makes them from run_interleaved's rounds: for each server and level the
+    run of median throughput (the lower middle one), with every round's throughput beside it."""
+    entries = {}
+    for label, server in measured.items():
+        runs = []
+        for level, tries in server["levels"].items():
+            ordered = sorted(tries, key=lambda t: t["runs"][0]["output_throughput"])
+            middle = ordered[(len(ordered) - 1) // 2]
+            runs.append({**middle["runs"][0], "rounds": [t["runs"][0]["output_throughput"] for t in tries]})
+        first = next(iter(server["levels"].values()))[0]
+        entries[label] = {**first, "runs": runs, "flags": server["flags"]}
+    return entries
+
+
+def round_ratio_lines(result: dict) -> list[str]:
+    """Each server's throughput over plain's, round by round (runs measured side by side), per level."""
+    by_label = {s["label"]: {r["concurrency"]: r.get("rounds") for r in s["runs"]} for s in result["servers"]}
+    plain = by_label.get("plain", {})
+    lines = []
+    for label, levels in by_label.items():
+        for level, rounds in levels.items():
+            if label == "plain" or not rounds or not plain.get(level):
+                continue
+            ratios = [a / b for a, b in zip(rounds, plain[level])]
+            lines.append(f"{label} / plain at concurrency {level}, by round: "
+                         f"{' '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.2f})")
+    return lines
+
+
 def gather(plan: Plan, entries: dict, device: str) -> dict:
     """One result of `specdec bench serve`'s shape from the servers' runs, with the plan beside it."""
     from specdec.bench.scoreboard import machine_name
@@ -223,7 +295,7 @@ def summary_lines(result: dict) -> list[str]:
     for level in sorted(set(plain) & set(alone)):
         ratio = plain[level]["output_throughput"] / alone[level]["output_throughput"]
         lines.append(f"plain batched / one-at-a-time at concurrency {level}: {ratio:.1f}x")
-    return lines
+    return lines + round_ratio_lines(result)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -234,6 +306,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--servers", default=None,
                    help="only these of plain, auto, one-at-a-time, k4 (comma-separated; default: all)")
     p.add_argument("--out", default="results/gpu-serving", help="where the results go (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with more than 1: every server up at once, each level run on each in turn this many "
+                        "times (order reversed every other round); tables show the median round, the summary "
+                        "each round's ratio to plain (default: %(default)s: one server after another)")
     p.add_argument("--deadline-s", type=float, default=540.0,
                    help="stop measuring after this many seconds and report what was measured "
                         "(default: %(default)s, under the device's 600 s a command)")
@@ -261,11 +337,18 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
     signal.alarm(max(1, int(args.deadline_s)))
+    if args.rounds < 1:
+        print(f"serving: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
+        return 2
     entries: dict = {}
+    measured: dict = {}  # --rounds > 1: label -> {"flags", "levels": {level: [run of each round]}}
     with tempfile.TemporaryDirectory() as work, (out / "servers.log").open("w") as log:
         try:
-            for spec in chosen:
-                run_server(plan, spec, log, Path(work), entries)
+            if args.rounds > 1:
+                run_interleaved(plan, chosen, args.rounds, log, Path(work), measured)
+            else:
+                for spec in chosen:
+                    run_server(plan, spec, log, Path(work), entries)
         except Deadline as why:
             print(f"serving: stopped ({why}: SIGALRM is the {args.deadline_s:.0f} s deadline); "
                   "reporting what was measured", flush=True)
@@ -275,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                 signal.signal(signum, signal.SIG_IGN)  # the report and the last stops run to the end
             for server in STARTED:
                 server.stop()
+    if measured:
+        entries = merge_rounds(measured)
     return report(plan, entries, device, out, len(chosen))
 
 

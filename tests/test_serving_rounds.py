@@ -1,0 +1,45 @@
+"""benchmarks/serving.py --rounds: the median round in the tables, each round's ratio to plain in the summary."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "serving.py"
+
+
+@pytest.fixture(scope="module")
+def serving():
+    spec = importlib.util.spec_from_file_location("serving_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being made
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def level_run(label: str, concurrency: int, throughput: float) -> dict:
+    """What bench_level returns for one server at one level."""
+    return {"label": label, "model": "m", "runs": [{"concurrency": concurrency, "output_throughput": throughput}]}
+
+
+def test_rounds_merge_to_the_median_run_and_pair_ratios_by_round(serving):
+    measured = {label: {"flags": [label], "levels": {1: [level_run(label, 1, a) for a in tps1],
+                                                      16: [level_run(label, 16, a) for a in tps16]}}
+                for label, tps1, tps16 in (("plain", (100.0, 110.0, 90.0), (1000.0, 1200.0, 1100.0)),
+                                           ("auto", (130.0, 120.0, 140.0), (900.0, 1260.0, 1100.0)))}
+    entries = serving.merge_rounds(measured)
+    plain = {r["concurrency"]: r for r in entries["plain"]["runs"]}
+    assert plain[1]["output_throughput"] == 100.0 and plain[1]["rounds"] == [100.0, 110.0, 90.0]
+    assert plain[16]["output_throughput"] == 1100.0 and entries["auto"]["flags"] == ["auto"]
+    result = {"servers": list(entries.values())}
+    lines = serving.round_ratio_lines(result)
+    assert lines == ["auto / plain at concurrency 1, by round: 1.30 1.09 1.56 (median 1.30)",
+                     "auto / plain at concurrency 16, by round: 0.90 1.05 1.00 (median 1.00)"]
+
+
+def test_a_single_round_has_no_round_lines(serving):
+    result = {"servers": [{"label": "plain", "runs": [{"concurrency": 1, "output_throughput": 5.0}]},
+                          {"label": "auto", "runs": [{"concurrency": 1, "output_throughput": 6.0}]}]}
+    assert serving.round_ratio_lines(result) == []
