@@ -219,11 +219,18 @@ def _interleave(plan: Plan, specs: list[ServerSpec], rounds: int, log, work: Pat
     servers = []
     for spec in specs:
         server = Server(plan, spec, log)
-        servers.append((spec, server))
         started = time.monotonic()
-        server.wait_ready(plan.start_timeout_s)
-        bench_level(server.url, spec.label, spec.slots, max(2 * spec.slots, 4), plan.warmup_tokens,
-                    plan.request_timeout_s, work)
+        try:
+            server.wait_ready(plan.start_timeout_s)
+            bench_level(server.url, spec.label, spec.slots, max(2 * spec.slots, 4), plan.warmup_tokens,
+                        plan.request_timeout_s, work)
+        except Deadline:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one server's failure: the others still run
+            print(f"[{spec.label}] failed to start: {type(exc).__name__}: {exc}", flush=True)
+            server.stop()
+            continue
+        servers.append((spec, server))
         print(f"[{spec.label}] ready and warmed in {time.monotonic() - started:.0f} s", flush=True)
     for level in plan.levels:
         for r in range(rounds):
@@ -231,23 +238,31 @@ def _interleave(plan: Plan, specs: list[ServerSpec], rounds: int, log, work: Pat
                 if level not in (spec.levels or plan.levels):
                     continue
                 n = min(plan.n_at(level), spec.max_n or plan.n_at(level))
-                run = bench_level(server.url, spec.label, level, n, plan.max_tokens, plan.request_timeout_s, work)
+                try:
+                    run = bench_level(server.url, spec.label, level, n, plan.max_tokens, plan.request_timeout_s,
+                                      work)
+                except Deadline:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a failed level leaves a gap in that round, no more
+                    print(f"[{spec.label}] concurrency {level}, round {r + 1} failed: {type(exc).__name__}: {exc}",
+                          flush=True)
+                    continue
                 measured.setdefault(spec.label, {"flags": list(spec.all_flags), "levels": {}})
-                measured[spec.label]["levels"].setdefault(level, []).append(run)
+                measured[spec.label]["levels"].setdefault(level, []).append({**run, "round": r + 1})
                 print(f"[{spec.label}] concurrency {level}, round {r + 1}: "
                       f"{run['runs'][0]['output_throughput']:.1f} out tok/s", flush=True)
 
 
 def merge_rounds(measured: dict) -> dict:
     """entries as run_server makes them from run_interleaved's rounds: for each server and level the
-    run of median throughput (the lower middle one), with every round's throughput beside it."""
+    run of median throughput (the lower middle one), with every round's [round, throughput] beside it."""
     entries = {}
     for label, server in measured.items():
         runs = []
         for level, tries in server["levels"].items():
             ordered = sorted(tries, key=lambda t: t["runs"][0]["output_throughput"])
             middle = ordered[(len(ordered) - 1) // 2]
-            runs.append({**middle["runs"][0], "rounds": [t["runs"][0]["output_throughput"] for t in tries]})
+            runs.append({**middle["runs"][0], "rounds": [[t["round"], t["runs"][0]["output_throughput"]] for t in tries]})
         first = next(iter(server["levels"].values()))[0]
         entries[label] = {**first, "runs": runs, "flags": server["flags"]}
     return entries
@@ -262,7 +277,10 @@ def round_ratio_lines(result: dict) -> list[str]:
         for level, rounds in levels.items():
             if label == "plain" or not rounds or not plain.get(level):
                 continue
-            ratios = [a / b for a, b in zip(rounds, plain[level])]
+            base = dict(plain[level])  # round -> plain's throughput: a round one of them missed has no ratio
+            ratios = [tp / base[r] for r, tp in rounds if r in base]
+            if not ratios:
+                continue
             lines.append(f"{label} / plain at concurrency {level}, by round: "
                          f"{' '.join(f'{x:.2f}' for x in ratios)} (median {statistics.median(ratios):.2f})")
     return lines
@@ -308,12 +326,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="results/gpu-serving", help="where the results go (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=1,
                    help="with more than 1: every server up at once, each level run on each in turn this many "
-                        "times (order reversed every other round); tables show the median round, the summary "
-                        "each round's ratio to plain (default: %(default)s: one server after another)")
+                        "times (order reversed every other round); the tables show each server's median round "
+                        "(the lower middle one: at 2 rounds its slower), the summary each round's ratio to "
+                        "plain (default: %(default)s: one server after another)")
     p.add_argument("--deadline-s", type=float, default=540.0,
                    help="stop measuring after this many seconds and report what was measured "
                         "(default: %(default)s, under the device's 600 s a command)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    return args
 
 
 def on_signal(signum, frame):
@@ -337,9 +359,6 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
     signal.alarm(max(1, int(args.deadline_s)))
-    if args.rounds < 1:
-        print(f"serving: --rounds must be at least 1, got {args.rounds}", file=sys.stderr)
-        return 2
     entries: dict = {}
     measured: dict = {}  # --rounds > 1: label -> {"flags", "levels": {level: [run of each round]}}
     with tempfile.TemporaryDirectory() as work, (out / "servers.log").open("w") as log:

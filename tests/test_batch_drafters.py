@@ -114,7 +114,7 @@ def assert_same_draft(batched, alone, kind) -> None:
 def test_a_batched_drafter_drafts_what_it_drafts_alone(tiny_target, tiny_draft, kind, sampled):
     count, rounds = 5, 7
     made = prototype(kind, tiny_target, tiny_draft)
-    twin = prototype(kind, tiny_target, tiny_draft) if kind == "oracle" else made  # an oracle's n-th fork has seed + n
+    twin = prototype(kind, tiny_target, tiny_draft) if kind == "oracle" else made  # an oracle's n-th fork: its seed from (seed, n)
     together, alone = [made.fork() for _ in range(count)], [twin.fork() for _ in range(count)]
     texts = Texts(tiny_target, count, seed=len(kind))
     params = [SamplingParams(temperature=0.7 + 0.2 * i, top_k=(0, 20)[i % 2], seed=i) if sampled

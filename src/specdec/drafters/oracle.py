@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import torch
 
 from specdec.transfers import token_tensor
@@ -57,7 +58,7 @@ class OracleDrafter(Drafter):
         self.vocab_size = target.vocab_size
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.seed = seed
-        self._forks = itertools.count(1)  # fork n draws from seed + n
+        self._forks = itertools.count(1)  # how many forks so far: each fork's seed
         cost = draft_model.name if draft_model else draft_slots.model.name if draft_slots else None
         self.name = f"oracle(alpha={alpha:g}" + (f", cost of {cost})" if cost else ")")
         self.lease = DraftLease(draft_slots) if draft_slots is not None else None
@@ -91,13 +92,14 @@ class OracleDrafter(Drafter):
             self.lease.begin(prompt)
 
     def fork(self) -> "OracleDrafter":
-        """Another sequence's oracle: the same target, alpha, seed, draft cost and recordings."""
+        """Another sequence's oracle: the same target, alpha, draft cost and recordings, and draws of its
+        own (the n-th fork's seed derived from this seed and n: reproducible for the same order of forks).
+        With one seed for all, every sequence would find the same positions wrong, and what the auto
+        policy learns from one sequence's drafts would be every other's luck too."""
         if self.draft_model is not None:
             return super().fork()  # its draft model holds one sequence's cache
-        # Its own draws: with the same seed every sequence would find the same positions wrong, and
-        # what one learns about its drafts (the auto policy) would be every other's luck too.
-        twin = OracleDrafter(self.target, self.alpha, None, self.horizon, self.seed + next(self._forks),
-                             self.lease.pool if self.lease else None)
+        seed = int(np.random.SeedSequence([self.seed, next(self._forks)]).generate_state(1)[0])
+        twin = OracleDrafter(self.target, self.alpha, None, self.horizon, seed, self.lease.pool if self.lease else None)
         twin._recorded = self._recorded  # the target's continuations are no one sequence's state
         return twin
 

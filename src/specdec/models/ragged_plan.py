@@ -122,7 +122,7 @@ class RaggedGraph:
         self.tokens = torch.zeros(layout.rows, dtype=torch.long, device=device)
         self.meta = torch.zeros(layout.size, dtype=torch.int32, device=device)
         self._staging = [torch.zeros(layout.size, dtype=torch.int32, pin_memory=True) for _ in range(2)]
-        self._copied: list[torch.cuda.Event | None] = [None, None]
+        self._copied = [torch.cuda.Event(), torch.cuda.Event()]  # each staging array's last copy (none yet)
         self._turn = 0
         rows, self.head = layout.views(self.meta, model.attention_chunks)
         self._copy_in(RaggedPlan((), (), (), ()), model.scratch)  # warm-up runs execute: every row is padding
@@ -146,10 +146,8 @@ class RaggedGraph:
         # so the GPU would idle while the host launches this one. Two staging arrays take turns; an
         # array is refilled only once its last copy has run (its event), which by then it has.
         turn = self._turn = 1 - self._turn
-        if self._copied[turn] is not None:
-            self._copied[turn].synchronize()
+        self._copied[turn].synchronize()  # an event never recorded returns at once
         staging = self._staging[turn]
         staging.numpy()[:] = plan.pack(self.layout, self.model.arch.group, *scratch)
         self.meta.copy_(staging, non_blocking=True)
-        self._copied[turn] = torch.cuda.Event()
-        self._copied[turn].record()
+        self._copied[turn].record(torch.cuda.current_stream(self.meta.device))
