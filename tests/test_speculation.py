@@ -158,6 +158,12 @@ def test_the_cost_table_interpolates_and_refuses_bad_shapes():
         SpeculationPolicy.auto(k_max=0)
 
 
+def test_the_cost_table_describes_itself_in_milliseconds():
+    table = VerifyCostTable((1, 32), (1, 5), ((4.4e-3, 4.6e-3), (5.6e-3, 11e-3)))
+    assert table.describe().splitlines() == ["ms a pass of N sequences with R new rows each, R = 1 5",
+                                             "  N =   1: 4.40 4.60", "  N =  32: 5.60 11.00"]
+
+
 def test_acceptance_estimate_starts_at_the_prior_and_follows_the_counts():
     policy = SpeculationPolicy.auto()
     assert policy.acceptance(0, 0) == 0.5

@@ -33,8 +33,8 @@ from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
 from specdec.speculation import (AcceptancePool, DraftCost, SequenceEvidence, SpeculationPolicy, StepCalibration,
-                                 StepDecision, StepPlan, choose_ks, fade_evidence, measure_verify_cost,
-                                 step_seconds)
+                                 StepDecision, StepPlan, VerifyCostTable, choose_ks, fade_evidence,
+                                 measure_verify_cost, step_seconds)
 from specdec.transfers import token_tensor
 from specdec.verify import Verdict
 
@@ -228,6 +228,12 @@ class BatchedEngine:
         self._pipeline = target.device.type == "cuda" if config.pipeline is None else config.pipeline
         self._ahead: _Flight | None = None  # a plain step queued before the one before it was read
         self._no_draft = empty_draft(target.device)
+
+    @property
+    def verify_cost(self) -> VerifyCostTable | None:
+        """The target's cost table the auto policy prices steps by (measured at start-up unless the
+        policy brought one); None in the other modes."""
+        return self._verify_cost
 
     @property
     def busy(self) -> bool:

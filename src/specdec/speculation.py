@@ -58,6 +58,12 @@ class VerifyCostTable:
         rows, secs = zip(*sorted(points))
         return cls((1, 2), tuple(rows), (tuple(secs), tuple(2 * s for s in secs)))
 
+    def describe(self) -> str:
+        """The table in milliseconds a pass, one line per batch size: what the auto policy prices steps by."""
+        head = "ms a pass of N sequences with R new rows each, R = " + " ".join(map(str, self.rows_per_seq))
+        return "\n".join([head] + [f"  N = {b:>3}: " + " ".join(f"{1e3 * t:.2f}" for t in row)
+                                    for b, row in zip(self.batch_sizes, self.seconds)])
+
     def costs(self, num_seqs: int, total_rows: np.ndarray) -> np.ndarray:
         """Seconds of a pass over num_seqs sequences bringing total_rows[i] rows in all, for each i,
         in one go (the auto policy prices every draft total of a step, at every step)."""

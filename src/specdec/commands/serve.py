@@ -107,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
           f"at http://{args.host}:{args.port}/ ; API at /v1", flush=True)
     print(f"specdec: {type(slots).__name__}: {slots.max_slots} sequences x {slots.max_length} positions, {cache}; "
           f"up to {args.max_queue} more wait", flush=True)
+    if state.engine.verify_cost is not None:
+        print(f"specdec: the target's verify cost for --speculation auto, {state.engine.verify_cost.describe()}",
+              flush=True)
     make_server(create_app(state), state.worker, args.host, args.port, args.log_level, state.config.limits,
                 args.graceful_timeout).run()
     return 0  # also after SIGTERM: the drain answered every request
