@@ -53,5 +53,8 @@ def test_greedy_answers_under_the_oracle_are_the_plain_ones_batched_or_alone(ser
         assert tokens(a) == tokens(b) == tokens(c) and len(tokens(a)) == 40
     spec = [answer["usage"]["speculative"] for answer in alone + batched]
     drafted, accepted = sum(s["drafted"] for s in spec), sum(s["accepted"] for s in spec)
-    assert 0.6 < accepted / drafted <= 1.0  # the oracle's alpha (0.8), of its own recording of the target
+    # Each judged draft is kept with the oracle's 0.8; of all drafted at K = 4 that is (a + a^2 + a^3 + a^4) / 4
+    # = 0.59 (the drafts after a rejection are never judged). ~400 drafts: a wide band still tells a working
+    # oracle (its recording is the target's own greedy text) from a broken one (near 0).
+    assert 0.4 < accepted / drafted < 0.8
     assert "cost of llama-tiny (random weights)" in spec[0]["draft"]
