@@ -176,6 +176,24 @@ def bench_level(url: str, label: str, concurrency: int, n: int, max_tokens: int,
     return json.loads(saved.read_text())["servers"][0]
 
 
+def warm_up(plan: Plan, spec: ServerSpec, server: Server, work: Path) -> None:
+    """Every prompt at the server's own batch size, twice as many requests as slots so that the
+    second wave joins a running batch: the oracle's recordings, and Triton's compiles and tunings for
+    the mixed prefill/decode shapes (else they stall the first level that meets them)."""
+    bench_level(server.url, spec.label, spec.slots, max(2 * spec.slots, 4), plan.warmup_tokens,
+                plan.request_timeout_s, work)
+
+
+def levels_of(plan: Plan, spec: ServerSpec) -> tuple[int, ...]:
+    return spec.levels or plan.levels
+
+
+def measure_level(plan: Plan, spec: ServerSpec, server: Server, level: int, work: Path) -> dict:
+    """One level on one server (at most spec.max_n requests): its server entry."""
+    n = min(plan.n_at(level), spec.max_n or plan.n_at(level))
+    return bench_level(server.url, spec.label, level, n, plan.max_tokens, plan.request_timeout_s, work)
+
+
 def run_server(plan: Plan, spec: ServerSpec, log, work: Path, entries: dict) -> None:
     """Start one server, warm it up, run its levels into entries[label], stop it."""
     server = Server(plan, spec, log)
@@ -183,14 +201,9 @@ def run_server(plan: Plan, spec: ServerSpec, log, work: Path, entries: dict) -> 
     try:
         server.wait_ready(plan.start_timeout_s)
         print(f"[{spec.label}] ready in {time.monotonic() - started:.0f} s; warming up", flush=True)
-        # Every prompt at the server's own batch size, twice as many requests as slots so that the
-        # second wave joins a running batch: the oracle's recordings, and Triton's compiles and
-        # tunings for the mixed prefill/decode shapes (else they stall the first level that meets them).
-        bench_level(server.url, spec.label, spec.slots, max(2 * spec.slots, 4), plan.warmup_tokens,
-                    plan.request_timeout_s, work)
-        for level in spec.levels or plan.levels:
-            n = min(plan.n_at(level), spec.max_n or plan.n_at(level))
-            run = bench_level(server.url, spec.label, level, n, plan.max_tokens, plan.request_timeout_s, work)
+        warm_up(plan, spec, server, work)
+        for level in levels_of(plan, spec):
+            run = measure_level(plan, spec, server, level, work)
             runs = entries[spec.label]["runs"] if spec.label in entries else []
             entries[spec.label] = {**run, "runs": runs + run["runs"], "flags": list(spec.all_flags)}
     except Deadline:
@@ -222,8 +235,7 @@ def _interleave(plan: Plan, specs: list[ServerSpec], rounds: int, log, work: Pat
         started = time.monotonic()
         try:
             server.wait_ready(plan.start_timeout_s)
-            bench_level(server.url, spec.label, spec.slots, max(2 * spec.slots, 4), plan.warmup_tokens,
-                        plan.request_timeout_s, work)
+            warm_up(plan, spec, server, work)
         except Deadline:
             raise
         except Exception as exc:  # noqa: BLE001 - one server's failure: the others still run
@@ -235,12 +247,10 @@ def _interleave(plan: Plan, specs: list[ServerSpec], rounds: int, log, work: Pat
     for level in plan.levels:
         for r in range(rounds):
             for spec, server in servers if r % 2 == 0 else servers[::-1]:
-                if level not in (spec.levels or plan.levels):
+                if level not in levels_of(plan, spec):
                     continue
-                n = min(plan.n_at(level), spec.max_n or plan.n_at(level))
                 try:
-                    run = bench_level(server.url, spec.label, level, n, plan.max_tokens, plan.request_timeout_s,
-                                      work)
+                    run = measure_level(plan, spec, server, level, work)
                 except Deadline:
                     raise
                 except Exception as exc:  # noqa: BLE001 - a failed level leaves a gap in that round, no more

@@ -227,17 +227,22 @@ def test_a_step_whose_drafter_catches_up_is_not_timed(tiny_target, tiny_draft, m
     assert calibrated.count(True) == len(drafting) - 1
 
 
+def estimate(pool: AcceptancePool, accepted: float, judged: float) -> float:
+    """One sequence's estimate under drafter "d"."""
+    return pool.estimates([("d", accepted, judged)])[0]
+
+
 def test_the_pool_explores_a_new_drafter_then_lends_its_mean_to_new_sequences():
     policy = SpeculationPolicy.auto(k_max=4)
     pool = AcceptancePool(policy, explore=32, memory=1000)
-    assert pool.exploring("d") and pool.estimate("d", 0, 0) == 1.0  # plan as if all were kept: it drafts
+    assert pool.exploring("d") and estimate(pool, 0, 0) == 1.0  # plan as if all were kept: it drafts
     pool.add("d", 24, 30)
     assert pool.exploring("d")
     pool.add("d", 8, 10)  # 32 of 40 judged drafts kept
     assert not pool.exploring("d") and pool.exploring("other")
-    assert pool.estimate("d", 0, 0) == pytest.approx(policy.acceptance(32, 40), abs=1e-9)  # a new sequence: the pool's
-    assert pool.estimate("d", 0, 40) < 0.1  # its own evidence outweighs the prior's 4 pseudo-drafts
-    assert pool.estimate("d", 0, 0) > 0.75 > policy.acceptance(0, 0)
+    assert estimate(pool, 0, 0) == pytest.approx(policy.acceptance(32, 40), abs=1e-9)  # a new sequence: the pool's
+    assert estimate(pool, 0, 40) < 0.1  # its own evidence outweighs the prior's 4 pseudo-drafts
+    assert estimate(pool, 0, 0) > 0.75 > policy.acceptance(0, 0)
     pool.add("d", 900, 990)  # past its memory: the counts halve (515 of 515 + ...), the mean holds
     assert pool._counts["d"] == [466.0, 515.0]
 
@@ -271,7 +276,7 @@ def simulated_tokens_per_step(policy: SpeculationPolicy, costs: VerifyCostTable,
     while made < tokens:
         step += 1
         fade_evidence(policy, step, [evidence])
-        k = choose_ks([pool.estimate("d", evidence.accepted, evidence.judged)], [4], costs, 0.0,
+        k = choose_ks([estimate(pool, evidence.accepted, evidence.judged)], [4], costs, 0.0,
                       min_gain=policy.min_gain).ks[0]
         kept = int(np.argmin(np.append(rng.random(k) < alpha, False)))  # drafts before the first rejection
         if k:
@@ -294,8 +299,8 @@ def test_a_sequence_that_stopped_after_unlucky_rounds_drafts_again():
         policy = SpeculationPolicy.auto(k_max=4, verify_cost=costs, evidence_half_life=half_life)
         pool = AcceptancePool(policy)
         pool.add("d", 800, 1000)
-        assert choose_ks([pool.estimate("d", 0, 0)], [4], costs, 0.0, min_gain=policy.min_gain).ks == (4,)
-        assert choose_ks([pool.estimate("d", 0, 1)], [4], costs, 0.0, min_gain=policy.min_gain).ks == (0,)
+        assert choose_ks([estimate(pool, 0, 0)], [4], costs, 0.0, min_gain=policy.min_gain).ks == (4,)
+        assert choose_ks([estimate(pool, 0, 1)], [4], costs, 0.0, min_gain=policy.min_gain).ks == (0,)
         rates[half_life] = np.mean([simulated_tokens_per_step(policy, costs, pool, 0.8, 200, seed) for seed in range(40)])
     gain = {half_life: (rate - 1) / (always - 1) for half_life, rate in rates.items()}  # of K = 4's over plain
     assert gain[16] > 0.9 and gain[10**6] < 0.8

@@ -223,13 +223,9 @@ class AcceptancePool:
     def exploring(self, drafter: str) -> bool:
         return self._counts.get(drafter, [0.0, 0.0])[1] < self.explore
 
-    def estimate(self, drafter: str, accepted: float, judged: float) -> float:
-        """A sequence's acceptance for the plan: 1 while its drafter is explored, else its posterior
-        mean under the pool's prior."""
-        return self.estimates([(drafter, accepted, judged)])[0]
-
     def estimates(self, evidence: Sequence[tuple[str, float, float]]) -> list[float]:
-        """estimate() of many sequences (drafter, accepted, judged), each drafter's prior worked out once."""
+        """Each sequence's acceptance for the plan from (drafter, accepted, judged): 1 while its drafter
+        is explored, else its posterior mean under the pool's prior (each drafter's worked out once)."""
         priors: dict[str, float | None] = {}
         out = []
         for drafter, accepted, judged in evidence:
