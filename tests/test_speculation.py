@@ -336,6 +336,26 @@ def test_the_calibration_is_read_to_two_percent_so_a_plain_stretch_reuses_its_pl
     assert readings[0] == readings[1] != readings[2]
 
 
+def test_a_plain_stretch_looks_at_its_sequences_once_a_fade(tiny_target, monkeypatch):
+    """Where drafting never pays (a verify costs its rows) four sequences decode plainly under auto: the
+    policy looks at every sequence's evidence once per fade period (8 steps at a half-life of 16) and
+    when the batch changes, not at every step; the output is plain decoding's."""
+    costs = VerifyCostTable((1, 4), (1, 2, 3, 5), tuple(tuple(1e-3 * r * b for r in (1, 2, 3, 5)) for b in (1, 4)))
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=costs)
+    looks = []
+    estimates = AcceptancePool.estimates
+    monkeypatch.setattr(AcceptancePool, "estimates", lambda pool, evidence: looks.append(1) or estimates(pool, evidence))
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 4), None, config=BatchConfig(64, policy))
+    config = GenerationConfig(max_new_tokens=64, ignore_eos=True)
+    prompts = [list(range(3 + i, 13 + i)) for i in range(4)]
+    handles = [engine.submit(p, config, drafter=OracleDrafter(tiny_target.with_own_cache(), 0.8, horizon=80))
+               for p in prompts]
+    engine.run()
+    assert all(h.stats.drafted == 0 for h in handles)
+    assert [h.token_ids for h in handles] == [plain(tiny_target, p, config).token_ids for p in prompts]
+    assert engine._steps >= 64 and len(looks) <= engine._steps // 8 + 8  # + the steps where the batch changed
+
+
 def test_fixed_mode_overrides_each_request_k(tiny_target):
     first = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
                           config=BatchConfig(speculation=SpeculationPolicy.fixed(3)))

@@ -222,6 +222,7 @@ class BatchedEngine:
         self._acceptance = AcceptancePool(policy)
         self._planned_for: tuple | None = None  # the inputs of the latest auto plan, and the plan
         self._latest_plan: StepPlan | None = None
+        self._plain_batch: tuple | None = None  # the batch (and fade period) the latest plain plan holds for
         self._caught_up = False  # whether this step's drafting caught a drafter up on unseen text
         self._steps = 0  # steps run (the auto policy fades each sequence's evidence by them)
         self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
@@ -437,8 +438,16 @@ class BatchedEngine:
         self._calibration.record(observed, predicted, any(ks))
 
     def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
-        """The auto policy's K for each decoding sequence (none for one whose drafter drafts nothing)."""
+        """The auto policy's K for each decoding sequence (none for one whose drafter drafts nothing).
+
+        Through a plain stretch no evidence comes in: between two fades of the evidence, a plain plan
+        for the same batch (no sequence joined, left or prefilling) holds, the calibration and the
+        draft cost read again at the next fade. At high load, where the host's time a step is the
+        server's, the policy then costs a comparison a step rather than a look at every sequence."""
         policy = self.config.speculation
+        batch = (tuple(s.handle.request_id for s in decoding), self._steps // (policy.evidence_half_life // 2))
+        if batch == self._plain_batch and len(decoding) == len(self._running):
+            return self._latest_plan
         alphas = self._acceptance.estimates([(s.drafter.name, s.evidence.accepted, s.evidence.judged)
                                              for s in decoding])
         caps = [0 if s.drafter.drafts_nothing else s.next_k(policy.k) for s in decoding]
@@ -452,6 +461,7 @@ class BatchedEngine:
             self._planned_for = inputs
             self._latest_plan = choose_ks(alphas, caps, self._verify_cost, per_pass, other_rows, policy.min_gain,
                                           factor)
+        self._plain_batch = None if any(self._latest_plan.ks) or other_rows else batch
         return self._latest_plan
 
     def _next_step_is_plain(self) -> bool:
