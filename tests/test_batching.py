@@ -223,6 +223,20 @@ def test_a_long_prompt_never_stalls_the_others_for_more_than_one_chunk(tiny_targ
     assert long.token_ids == plain(tiny_target, list(range(5, 45)), GenerationConfig(max_new_tokens=5, k=1)).token_ids
 
 
+def test_a_step_of_prefill_chunks_only_waits_for_the_device_so_its_time_is_prefill_time(tiny_target, monkeypatch):
+    """Such a step reads nothing back; without a wait its device time lands in the next step, the
+    first decode, and batch-1 tokens/s read 3-5 % low on the H200 (226 against 234 for the same
+    kernels). One wait per prefill-only step, none in a step that reads its verdicts anyway."""
+    import specdec.batching
+
+    waits = []
+    monkeypatch.setattr(specdec.batching, "_wait_for", lambda device: waits.append(len(handle.token_ids)))
+    engine = batched(tiny_target, max_slots=2, chunk=4)
+    handle = engine.submit(list(range(5, 15)), GenerationConfig(max_new_tokens=6, k=1))
+    engine.run()
+    assert waits == [0, 0, 0] and len(handle.token_ids) == 6  # 9 prompt tokens in chunks of 4: 3 prefill steps
+
+
 def test_sequences_wait_for_a_slot_and_a_cancelled_one_frees_it(tiny_target):
     engine = batched(tiny_target, max_slots=2)
     config = GenerationConfig(max_new_tokens=12, k=2)

@@ -404,8 +404,7 @@ class BatchedEngine:
         counted when a drafter caught up on more text than one round leaves unseen (its first draft
         reads the prompt; after plain steps it reads every token since): that step's seconds are the
         catching up's, and it is no evidence for the calibration either. Returns whether one did."""
-        if self.target.device.type == "cuda":
-            torch.cuda.synchronize(self.target.device)
+        _wait_for(self.target.device)
         most_unseen = self.config.speculation.k + 1  # a round's pending token and kept drafts
         drafting = [s for s, k in zip(decoding, ks) if k]
         caught_up = any(s.drafted_upto < 0 or len(s.context) - s.drafted_upto > most_unseen for s in drafting)
@@ -475,6 +474,8 @@ class BatchedEngine:
     def _settle(self, flight: _Flight) -> list[tuple[_Unit, list[EmittedToken], str | None]]:
         """Read the step (its one wait for the device); each unit whose sequence still runs, with its
         tokens emitted this step and its finish reason (None: it goes on)."""
+        if flight.rule is None:  # only prefill chunks: nothing to read, but wait so its time is its own
+            _wait_for(self.target.device)  # (not the next step's, the first decode: its tokens per second)
         rounds = flight.rule.read() if flight.rule is not None else {}
         ahead = {id(u.seq) for u in self._ahead.units} if self._ahead is not None else set()
         results = []
@@ -559,6 +560,12 @@ class BatchedEngine:
 
     def _tensor(self, ids: list[int]) -> torch.Tensor:
         return token_tensor(ids, self.target.device)
+
+
+def _wait_for(device: torch.device) -> None:
+    """Wait for what is queued on the device (on a CPU it has run already)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def check_request(prompt: list[int], config: GenerationConfig, max_length: int, decode) -> None:
