@@ -78,28 +78,29 @@ def test_sums_of_squares_are_per_16_columns_whatever_the_tile(block_n, monkeypat
 
 
 def test_wide_tiles_keep_the_narrow_tiles_split_k_slices():
-    """A wide tile (more columns a program, for passes of more than 16 rows) may change BLOCK_N,
-    BLOCK_K and warps, never where the split-K slices start: the partial sums stay the same."""
+    """A wide tile (64 rows and more columns a program, for passes of more than 16 rows) may change
+    BLOCK_N, BLOCK_K and warps, never where the split-K slices start: the partial sums stay the same."""
     for k, narrow in [(4096, (16, 256, 4, 4, 1)), (14336, (32, 512, 8, 3, 4)), (4096, (16, 512, 4, 3, 2)),
                       (100, (16, 32, 4, 1, 3))]:
         split, per_split = narrow[4], -(-(-(-k // narrow[4])) // narrow[1]) * narrow[1]
         wide = triton_ops._wide_tiles(k, 4096)(narrow)
         assert wide and narrow not in wide
-        for block_n, block_k, _, _, s in wide:
-            assert s == split and block_n > narrow[0]
+        for block_n, block_k, _, _, s, block_m in wide:
+            assert s == split and block_n > narrow[0] and block_m == 64
             assert -(-(-(-k // s)) // block_k) * block_k == per_split
 
 
+@pytest.mark.parametrize("block_m", [16, 64])
 @pytest.mark.parametrize("split", [2, 3])
-def test_split_k_gemv_matches_torch_and_resets_its_counters(split, monkeypatch):
+def test_split_k_gemv_matches_torch_and_resets_its_counters(split, block_m, monkeypatch):
     """Split-K: the last program of a tile adds the partials. Every epilogue, K not a multiple of
     the slices, 17 rows (two row blocks), each row also computed alone, 40 rows of a 16-row matrix
     (the partials sized by row blocks, not column blocks); the tile counters are back
-    at zero for the next GEMV. (Bit-for-bit row invariance is checked on a GPU by `specdec bench
+    at zero for the next GEMV. With 16 rows a program (a narrow tile) and 64 (a wide one). (Bit-for-bit row invariance is checked on a GPU by `specdec bench
     gpu`: the interpreter's numpy products are not row-invariant even without split-K.)"""
     x, w, bias, res = randn(17, 100), randn(40, 100), randn(40), randn(17, 40)
     monkeypatch.setattr(triton_ops, "_chosen_tiles", {})
-    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", (16, 32, 4, 1, split))
+    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", (16, 32, 4, 1, split, block_m))
     close = dict(atol=1e-4, rtol=1e-4)
     both = triton_ops.gemv(x, w, bias=bias, residual=res)
     torch.testing.assert_close(both, res + x @ w.T + bias, **close)
@@ -112,10 +113,13 @@ def test_split_k_gemv_matches_torch_and_resets_its_counters(split, monkeypatch):
     assert not triton_ops._tile_counters(x.device).any()
 
 
+@pytest.mark.parametrize("block_m", [16, 64])
 @pytest.mark.parametrize("bias", [False, True])
-def test_qkv_rope_and_attention_match_torch(bias):
+def test_qkv_rope_and_attention_match_torch(bias, block_m, monkeypatch):
     """The q/k/v GEMV of normalised x with RoPE in its epilogue (q out, k and v into the cache at
     their positions), then attention over the cache split in chunks, against torch."""
+    monkeypatch.setattr(triton_ops, "_chosen_tiles", {})
+    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", (16, 32, 4, 1, 1, block_m))
     n_heads, n_kv, hd, slots, n, d = 4, 2, 32, 320, 5, 48
     pos = torch.arange(254, 254 + n)  # across a chunk boundary of the split attention (256)
     angles = randn(slots, hd // 2)
@@ -139,7 +143,7 @@ def test_qkv_rope_and_attention_match_torch(bias):
         keys = k_cache[:, :p + 1].repeat_interleave(n_heads // n_kv, 0)
         values = v_cache[:, :p + 1].repeat_interleave(n_heads // n_kv, 0)
         ref = torch.nn.functional.scaled_dot_product_attention(q[i].view(n_heads, 1, hd), keys, values)
-        torch.testing.assert_close(out[i], ref.reshape(-1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[i], ref.reshape(-1), **close)  # exp2 with log2(e) folded in: fp32 rounding
 
 
 @pytest.mark.parametrize("variant", ["llama3-rope-scaling", "qwen2-qkv-bias"])

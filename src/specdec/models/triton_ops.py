@@ -23,12 +23,13 @@ nine before (a norm before each of two GEMVs, RoPE on its own): an H200 step 4% 
 shapes alike (docs/gpu.md).
 
 Exactness by construction: every kernel computes each token row with the same reduction order
-whatever the number of rows (row blocks are always ROWS = 16 wide; the tensor-core products treat
-rows and columns independently; split-K slices and the k order are fixed by the matrix shape; the
-sums of squares for the norms are per 16 columns in a fixed pairwise tree, see `_tree_sum`). Passes
-of up to 16 rows use the tile tuned on a 1-token step; wider passes a tile with more columns a
-program (BLOCK_N), which changes none of a row's sums, tuned on 64 rows and taken only if its every
-output is bit for bit the narrow tile's (`_tune_wide`). So row i of a verify
+whatever the number of rows (the tensor-core products treat rows and columns independently;
+split-K slices and the k order are fixed by the matrix shape; the sums of squares for the norms
+are per 16 columns in a fixed pairwise tree, see `_tree_sum`). Passes of up to 16 rows use the tile
+tuned on a 1-token step (16-row mma.sync products); wider passes a wide tile of 64 rows a program in
+one product (on Hopper a wgmma) and more columns, which changes none of a row's sums, tuned on 64
+rows and taken only if its every output is bit for bit the narrow tile's (`_tune_wide`; on an H200
+every candidate was). So row i of a verify
 pass gets bit-for-bit the logits a single-token step would give (checked on an H200 by `specdec
 bench gpu`), and greedy speculative output equals plain greedy output in bf16 too, with no padded
 rows. The attention runs to the last row's position; blocks and chunks that a row may not see
@@ -50,23 +51,38 @@ import functools
 import math
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-ROWS = 16  # token rows per program: the smallest tensor-core tile, fixed so numerics never depend on n
+ROWS = 16  # token rows of a narrow GEMV program and of an attention block: the smallest tensor-core tile
 # Columns per sum of squares that a GEMV leaves for the next RMSNorm: fixed, not the tile's BLOCK_N,
 # so a wide tile (more columns a program) leaves the very sums a narrow one does.
 SQ_COLS = tl.constexpr(16)
 
 
-# (BLOCK_N, BLOCK_K, warps, stages, split-K): the tiles the tuner tries for each matrix shape.
-TILES = [(16, 256, 4, 4, 1), (16, 512, 4, 3, 1), (32, 256, 4, 4, 1), (32, 128, 4, 5, 1), (64, 128, 4, 4, 1),
-         (64, 256, 8, 3, 1), (16, 128, 4, 6, 1), (128, 128, 8, 3, 1), (32, 512, 8, 3, 1), (64, 128, 8, 5, 1),
-         (16, 256, 4, 4, 2), (16, 256, 4, 4, 4), (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (16, 512, 4, 3, 2),
-         (16, 512, 4, 3, 4), (32, 128, 4, 5, 2), (64, 128, 4, 4, 2)]
-INTERPRETER_TILE = (16, 32, 4, 1, 1)  # Triton's interpreter (the CPU tests) cannot time: one fixed tile
+class Tile(NamedTuple):
+    """A GEMV launch's shape. block_m: token rows a program, in one tensor-core product: ROWS (16,
+    mma.sync) for a single step's few rows, 64 (Hopper: one wgmma) for a batched pass (a wide tile,
+    taken only where its bits are the narrow tile's, _tune_wide)."""
+
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+    split: int  # split-K slices
+    block_m: int = ROWS
+
+
+# The tiles the tuner tries for each matrix shape on a single-token step.
+TILES = [Tile(*t) for t in (
+    (16, 256, 4, 4, 1), (16, 512, 4, 3, 1), (32, 256, 4, 4, 1), (32, 128, 4, 5, 1), (64, 128, 4, 4, 1),
+    (64, 256, 8, 3, 1), (16, 128, 4, 6, 1), (128, 128, 8, 3, 1), (32, 512, 8, 3, 1), (64, 128, 8, 5, 1),
+    (16, 256, 4, 4, 2), (16, 256, 4, 4, 4), (32, 256, 4, 4, 2), (32, 256, 4, 4, 4), (16, 512, 4, 3, 2),
+    (16, 512, 4, 3, 4), (32, 128, 4, 5, 2), (64, 128, 4, 4, 2))]
+INTERPRETER_TILE = Tile(16, 32, 4, 1, 1)  # Triton's interpreter (the CPU tests) cannot time: one fixed tile
 # Split-K tile counters per device, zeroed once and reset by the kernels: GEMVs on one device share
 # them, so they must run one after another (one stream, as the engine's steps do).
 MAX_TILES = 1 << 18  # 1 MB of counters: a prefill pass of 64 prompts x 384 tokens has 49152 tiles
@@ -110,24 +126,18 @@ def _load_rows(x_ptr, rm, M, kk, K, EVEN_K: tl.constexpr):
 @triton.jit
 def _gemv_loop(x_ptr, w_ptr, rm, rn, rn2, M, col_ok, K, k_first, k_stop, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, TWO: tl.constexpr,
-               PRECISION: tl.constexpr, GROUPS: tl.constexpr):
-    """sum over k in [k_first, k_stop) of x[r, k] * w[rn, k] ([BLOCK_M, BLOCK_N] fp32), and of
-    w[rn2, k] too when TWO, for each of GROUPS row groups: rows rm, rm + BLOCK_M, ... (up to 4).
+               PRECISION: tl.constexpr):
+    """sum over k in [k_first, k_stop) of x[rm, k] * w[rn, k] ([BLOCK_M, BLOCK_N] fp32), and of
+    w[rn2, k] too when TWO (else zeros).
 
-    Each group is its own BLOCK_M-row product, the very arithmetic of a one-group program, so a
-    row gets the same bits in any group of any program; the groups share each weight tile, so a
-    pass of 64 rows streams the weights once, not four times. Nothing but loads and tensor-core
-    products in the loop: a norm or scale applied to x here slowed the weight stream itself
-    (docs/gpu.md), so inputs come normalised or scaled."""
+    One BLOCK_M-row tensor-core product a k step, accumulated in k order: 16 rows (mma.sync) for a
+    single step's few rows, 64 (on Hopper one wgmma) for a batched pass; both give a row the same
+    bits (checked for every wide tile, _tune_wide). Nothing but loads and tensor-core products in
+    the loop: a norm or scale applied to x here slowed the weight stream itself (docs/gpu.md), so
+    inputs come normalised or scaled."""
     rk = tl.arange(0, BLOCK_K)
-    a0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    a1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    a2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    a3 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    b0 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    b1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    b2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    b3 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_first, k_stop, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
@@ -138,24 +148,10 @@ def _gemv_loop(x_ptr, w_ptr, rm, rn, rn2, M, col_ok, K, k_first, k_stop, BLOCK_M
         if TWO:
             w2 = tl.trans(tl.load(w_ptr + rn2[:, None] * K + kk[None, :], mask=w_mask, other=0.0))
         x = _load_rows(x_ptr, rm, M, kk, K, EVEN_K)
-        a0 += tl.dot(x, w, input_precision=PRECISION)
+        acc += tl.dot(x, w, input_precision=PRECISION)
         if TWO:
-            b0 += tl.dot(x, w2, input_precision=PRECISION)
-        if GROUPS > 1:
-            x = _load_rows(x_ptr, rm + BLOCK_M, M, kk, K, EVEN_K)
-            a1 += tl.dot(x, w, input_precision=PRECISION)
-            if TWO:
-                b1 += tl.dot(x, w2, input_precision=PRECISION)
-        if GROUPS > 2:
-            x = _load_rows(x_ptr, rm + 2 * BLOCK_M, M, kk, K, EVEN_K)
-            a2 += tl.dot(x, w, input_precision=PRECISION)
-            if TWO:
-                b2 += tl.dot(x, w2, input_precision=PRECISION)
-            x = _load_rows(x_ptr, rm + 3 * BLOCK_M, M, kk, K, EVEN_K)
-            a3 += tl.dot(x, w, input_precision=PRECISION)
-            if TWO:
-                b3 += tl.dot(x, w2, input_precision=PRECISION)
-    return a0, b0, a1, b1, a2, b2, a3, b3
+            acc2 += tl.dot(x, w2, input_precision=PRECISION)
+    return acc, acc2
 
 
 @triton.jit
@@ -190,34 +186,24 @@ def _split_total(part_ptr, rm, plane, BLOCK_M: tl.constexpr, BLOCK_N: tl.constex
 
 
 @triton.jit
-def _split_k_sum(a0, b0, a1, b1, a2, b2, a3, b3, rm, part_ptr, count_ptr, split, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, TWO: tl.constexpr, SPLIT: tl.constexpr, GROUPS: tl.constexpr):
-    """-> (whether this program completes its tile, the tile's sums of every row group). SPLIT > 1:
-    each of the tile's programs (m, n, s) leaves fp32 partials; the one that brings the tile's count
-    to SPLIT (an atomic count) adds them in the fixed order 0..SPLIT-1, so the result is
-    deterministic and a row's arithmetic does not depend on the row count, and sets the count back
-    to 0 for the next GEMV."""
+def _split_k_sum(acc, acc2, rm, part_ptr, count_ptr, split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 TWO: tl.constexpr, SPLIT: tl.constexpr):
+    """-> (whether this program completes its tile, the tile's sums). SPLIT > 1: each of the tile's
+    programs (m, n, s) leaves fp32 partials; the one that brings the tile's count to SPLIT (an
+    atomic count) adds them in the fixed order 0..SPLIT-1, so the result is deterministic and a
+    row's arithmetic does not depend on the row count, and sets the count back to 0 for the next
+    GEMV."""
     done = True
     if SPLIT > 1:
-        plane = tl.num_programs(0) * GROUPS * BLOCK_M * tl.num_programs(1) * BLOCK_N
-        _split_store(a0, b0, part_ptr, split, rm, plane, BLOCK_N, TWO)
-        if GROUPS > 1:
-            _split_store(a1, b1, part_ptr, split, rm + BLOCK_M, plane, BLOCK_N, TWO)
-        if GROUPS > 2:
-            _split_store(a2, b2, part_ptr, split, rm + 2 * BLOCK_M, plane, BLOCK_N, TWO)
-            _split_store(a3, b3, part_ptr, split, rm + 3 * BLOCK_M, plane, BLOCK_N, TWO)
+        plane = tl.num_programs(0) * BLOCK_M * tl.num_programs(1) * BLOCK_N
+        _split_store(acc, acc2, part_ptr, split, rm, plane, BLOCK_N, TWO)
         tl.debug_barrier()  # every thread's partial is written before the count says so
         tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
         done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT - 1  # the last of the tile
         if done:
-            a0, b0 = _split_total(part_ptr, rm, plane, BLOCK_M, BLOCK_N, TWO, SPLIT)
-            if GROUPS > 1:
-                a1, b1 = _split_total(part_ptr, rm + BLOCK_M, plane, BLOCK_M, BLOCK_N, TWO, SPLIT)
-            if GROUPS > 2:
-                a2, b2 = _split_total(part_ptr, rm + 2 * BLOCK_M, plane, BLOCK_M, BLOCK_N, TWO, SPLIT)
-                a3, b3 = _split_total(part_ptr, rm + 3 * BLOCK_M, plane, BLOCK_M, BLOCK_N, TWO, SPLIT)
+            acc, acc2 = _split_total(part_ptr, rm, plane, BLOCK_M, BLOCK_N, TWO, SPLIT)
             tl.atomic_xchg(count_ptr + tile, 0)  # ready for the next GEMV (kernels run one after another)
-    return done, a0, b0, a1, b1, a2, b2, a3, b3
+    return done, acc, acc2
 
 
 @triton.jit
@@ -319,41 +305,27 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, sq_in_ptr, g_ptr, scaled_ptr
                  HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, NORMED: tl.constexpr,
                  EMIT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, T_BLOCK: tl.constexpr = 1,
-                 GROUPS: tl.constexpr = 1, PDL: tl.constexpr = 0):
+                 PDL: tl.constexpr = 0):
     """y[m, n] = epilogue(sum_k x[m, k] * w[n, k]); with SWIGLU, w has 2N rows (gate, up).
 
     NORMED: x is rms_norm's input times the norm weight, and the accumulator is scaled by each
     row's rstd (from the sums of squares sq_in, [M, T_in]) before rounding: rms_norm(x0) @ w.T =
     rstd * ((x0 * g) @ w.T). EMIT: also write y * g and y's sums of squares per SQ_COLS columns
     ([M, N / SQ_COLS]), the next NORMED GEMV's inputs. SPLIT > 1 (split-K, for matrices too small to
-    keep every SM streaming): see _split_k_sum. GROUPS: row groups of BLOCK_M per program (_gemv_loop)."""
+    keep every SM streaming): see _split_k_sum. BLOCK_M: rows a program (_gemv_loop)."""
     pid_m, pid_n, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rm = pid_m * (GROUPS * BLOCK_M) + tl.arange(0, BLOCK_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = rn < N
     _wait_for_inputs(PDL)
     k_first = split * k_per_split
-    a0, b0, a1, b1, a2, b2, a3, b3 = _gemv_loop(
-        x_ptr, w_ptr, rm, rn, rn + N, M, col_ok, K, k_first, tl.minimum(k_first + k_per_split, K),
-        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SWIGLU, PRECISION, GROUPS)
+    acc, acc2 = _gemv_loop(x_ptr, w_ptr, rm, rn, rn + N, M, col_ok, K, k_first, tl.minimum(k_first + k_per_split, K),
+                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SWIGLU, PRECISION)
     _let_next_start(PDL)
-    done, a0, b0, a1, b1, a2, b2, a3, b3 = _split_k_sum(a0, b0, a1, b1, a2, b2, a3, b3, rm, part_ptr, count_ptr,
-                                                        split, BLOCK_M, BLOCK_N, SWIGLU, SPLIT, GROUPS)
+    done, acc, acc2 = _split_k_sum(acc, acc2, rm, part_ptr, count_ptr, split, BLOCK_M, BLOCK_N, SWIGLU, SPLIT)
     if done:
-        _gemv_epilogue(a0, b0, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm, rn, col_ok,
-                       M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK,
-                       BLOCK_M, BLOCK_N)
-        if GROUPS > 1:
-            _gemv_epilogue(a1, b1, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm + BLOCK_M, rn,
-                           col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK,
-                       BLOCK_M, BLOCK_N)
-        if GROUPS > 2:
-            _gemv_epilogue(a2, b2, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm + 2 * BLOCK_M,
-                           rn, col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK,
-                       BLOCK_M, BLOCK_N)
-            _gemv_epilogue(a3, b3, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm + 3 * BLOCK_M,
-                           rn, col_ok, M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK,
-                       BLOCK_M, BLOCK_N)
+        _gemv_epilogue(acc, acc2, b_ptr, r_ptr, y_ptr, g_ptr, scaled_ptr, sq_in_ptr, sq_out_ptr, rm, rn, col_ok,
+                       M, N, T_in, eps, K, HAS_BIAS, RESIDUAL, SWIGLU, NORMED, EMIT, T_BLOCK, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -401,8 +373,7 @@ def _qkv_rope_kernel(x_ptr, w_ptr, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, sl
                      v_cache_ptr, part_ptr, count_ptr, M, K, S, k_per_split, T_in, eps,
                      H: tl.constexpr, HKV: tl.constexpr, HD: tl.constexpr, HAS_BIAS: tl.constexpr,
                      PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SPLIT: tl.constexpr, EVEN_K: tl.constexpr, T_BLOCK: tl.constexpr = 1, GROUPS: tl.constexpr = 1,
-                     PDL: tl.constexpr = 0):
+                     SPLIT: tl.constexpr, EVEN_K: tl.constexpr, T_BLOCK: tl.constexpr = 1, PDL: tl.constexpr = 0):
     """The q/k/v GEMV of normalised x (as _gemv_kernel's NORMED) with RoPE in its epilogue: program
     (m, n, s) takes the same BLOCK_N columns of both halves of one head, so it holds each pair that
     RoPE rotates together; q heads go to q [M, H * hd], k and v heads into the caches [Hkv, S, hd]
@@ -414,26 +385,16 @@ def _qkv_rope_kernel(x_ptr, w_ptr, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, sl
     head = pid_n // per_head
     d = (pid_n % per_head) * BLOCK_N + tl.arange(0, BLOCK_N)  # columns within the first half of the head
     rn = head * HD + d
-    rm = pid_m * (GROUPS * BLOCK_M) + tl.arange(0, BLOCK_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     _wait_for_inputs(PDL)
     k_first = split * k_per_split
-    a0, b0, a1, b1, a2, b2, a3, b3 = _gemv_loop(
-        x_ptr, w_ptr, rm, rn, rn + half, M, rn >= 0, K, k_first, tl.minimum(k_first + k_per_split, K),
-        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION, GROUPS)
+    acc, acc2 = _gemv_loop(x_ptr, w_ptr, rm, rn, rn + half, M, rn >= 0, K, k_first,
+                           tl.minimum(k_first + k_per_split, K), BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION)
     _let_next_start(PDL)
-    done, a0, b0, a1, b1, a2, b2, a3, b3 = _split_k_sum(a0, b0, a1, b1, a2, b2, a3, b3, rm, part_ptr, count_ptr,
-                                                        split, BLOCK_M, BLOCK_N, True, SPLIT, GROUPS)
+    done, acc, acc2 = _split_k_sum(acc, acc2, rm, part_ptr, count_ptr, split, BLOCK_M, BLOCK_N, True, SPLIT)
     if done:
-        _qkv_epilogue(a0, b0, rm, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr, q_ptr, k_cache_ptr,
+        _qkv_epilogue(acc, acc2, rm, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr, q_ptr, k_cache_ptr,
                       v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK, BLOCK_M)
-        if GROUPS > 1:
-            _qkv_epilogue(a1, b1, rm + BLOCK_M, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr, q_ptr,
-                          k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK, BLOCK_M)
-        if GROUPS > 2:
-            _qkv_epilogue(a2, b2, rm + 2 * BLOCK_M, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr,
-                          q_ptr, k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK, BLOCK_M)
-            _qkv_epilogue(a3, b3, rm + 3 * BLOCK_M, d, head, b_ptr, sq_ptr, cos_ptr, sin_ptr, rope_ptr, slot_ptr,
-                          q_ptr, k_cache_ptr, v_cache_ptr, M, K, S, T_in, eps, H, HKV, HD, HAS_BIAS, T_BLOCK, BLOCK_M)
 
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -482,33 +443,25 @@ class NormInput:
     eps: float
 
 
-def row_groups(m: int, block_k: int) -> int:
-    """Row groups of ROWS per GEMV program for a pass of m rows (_gemv_loop): more rows share each
-    weight tile as passes grow, as many as keep the x tiles of a step (groups x ROWS x BLOCK_K)
-    within 16K elements (more spilled registers on an H200). Any choice gives a row the same bits,
-    so this may follow m."""
-    return min(1 if m <= ROWS else 2 if m <= 2 * ROWS else 4, max(1, 1024 // block_k))
-
-
 SHARED_BYTES = 200 << 10  # shared memory a GEMV program's pipeline may fill (an H100/H200 SM has 228 KB)
 
 
-def _stages(tile: tuple, groups: int, two: bool, itemsize: int) -> int:
-    """The tile's pipeline depth, cut where its row groups' x tiles would overflow shared memory
+def _stages(tile: Tile, two: bool, itemsize: int) -> int:
+    """The tile's pipeline depth, cut where its x and weight tiles would overflow shared memory
     (stages change when loads are issued, never the arithmetic)."""
-    block_n, block_k, _, stages, _ = tile
-    per_stage = (block_n * (2 if two else 1) + groups * ROWS) * block_k * itemsize
-    return max(1, min(stages, SHARED_BYTES // per_stage))
+    per_stage = (tile.block_n * (2 if two else 1) + tile.block_m) * tile.block_k * itemsize
+    return max(1, min(tile.stages, SHARED_BYTES // per_stage))
 
 
-def _split_parts(grid: tuple[int, int, int], groups: int, block_n: int, device: torch.device) -> torch.Tensor:
-    """fp32 partials [split, 2, rows, cols] of a split-K launch over `grid` (unsplit: any tensor, never written)."""
+def _split_parts(grid: tuple[int, int, int], rows: int, block_n: int, device: torch.device) -> torch.Tensor:
+    """fp32 partials [split, 2, rows, cols] of a split-K launch over `grid` of `rows` rows a program
+    (unsplit: any tensor, never written)."""
     row_blocks, col_blocks, split = grid
     if split == 1:
         return _tile_counters(device)
     if row_blocks * col_blocks > MAX_TILES:
         raise ValueError(f"split-K GEMV of {row_blocks * col_blocks} tiles: more than MAX_TILES")
-    return torch.empty(split, 2, row_blocks * groups * ROWS, col_blocks * block_n, dtype=torch.float32, device=device)
+    return torch.empty(split, 2, row_blocks * rows, col_blocks * block_n, dtype=torch.float32, device=device)
 
 
 def _gemv(x: torch.Tensor | NormInput, w, bias, residual, swiglu: bool, next_norm: torch.Tensor | None):
@@ -525,22 +478,22 @@ def _gemv(x: torch.Tensor | NormInput, w, bias, residual, swiglu: bool, next_nor
                 next_norm)
 
     def launch(weight, tile):
-        block_n, block_k, warps, stages, split = tile
+        tile = Tile(*tile)
+        block_n, block_k, split = tile.block_n, tile.block_k, tile.split
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         # Row blocks vary fastest: the programs of one weight tile run side by side and share its
-        # reads through L2 (and each holds up to four row groups: row_groups).
-        groups = row_groups(m, block_k)
-        grid = (triton.cdiv(m, ROWS * groups), triton.cdiv(n, block_n), split)
+        # reads through L2.
+        grid = (triton.cdiv(m, tile.block_m), triton.cdiv(n, block_n), split)
         scaled = torch.empty_like(y) if next_norm is not None else y
         sq_out = y if next_norm is None else torch.empty(m, triton.cdiv(n, SQ_COLS), dtype=torch.float32,
                                                          device=x.device)
         b, res, sq, g = (y if a is None else a for a in operands)  # unused operands: any pointer (never read)
         _gemv_kernel[grid](
-            x, weight, b, res, y, sq, g, scaled, sq_out, _split_parts(grid, groups, block_n, x.device),
+            x, weight, b, res, y, sq, g, scaled, sq_out, _split_parts(grid, tile.block_m, block_n, x.device),
             _tile_counters(x.device), m, n, k, triton.cdiv(triton.cdiv(k, split), block_k) * block_k, t_in,
-            0.0 if normed is None else normed.eps, **flags, PRECISION=_precision(x), BLOCK_M=ROWS, BLOCK_N=block_n,
-            BLOCK_K=block_k, SPLIT=split, T_BLOCK=triton.next_power_of_2(t_in), GROUPS=groups, num_warps=warps,
-            num_stages=_stages(tile, groups, swiglu, x.element_size()), **_launch_options(x.device))
+            0.0 if normed is None else normed.eps, **flags, PRECISION=_precision(x), BLOCK_M=tile.block_m,
+            BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split, T_BLOCK=triton.next_power_of_2(t_in),
+            num_warps=tile.warps, num_stages=_stages(tile, swiglu, x.element_size()), **_launch_options(x.device))
         return y, scaled, sq_out
 
     def rerun(rows: int) -> None:  # the same call on `rows` rows made of these (see _rows_like)
@@ -647,17 +600,23 @@ WIDE_ROWS = 64  # the pass a wide tile is tuned on (batched decode: 16 to 320 ro
 wide_checks: dict[tuple, tuple[int, int]] = {}
 
 
+WIDE_ROWS_A_PROGRAM = 64  # a wide tile's rows: one 64-row product (Hopper: a wgmma)
+
+
 def _wide_tiles(k: int, n: int, block_ns: tuple[int, ...] = (64, 128)):
-    """The wide candidates for a narrow tile: more columns a program (BLOCK_N) so that the rows' x
-    tiles, read again by every column tile, cost less than the weights, with the narrow tile's
-    split-K slices (the same k boundaries, so the same partial sums). A row's arithmetic then
-    differs from the narrow tile's only in how Triton issues it; _tune_wide checks the bits."""
-    def candidates(narrow: tuple) -> list[tuple]:
-        _, bk0, _, _, split = narrow
+    """The wide candidates for a narrow tile: 64 rows a program in one tensor-core product (on
+    Hopper a wgmma: four 16-row mma.sync products sharing each weight tile cost a 64-row pass of
+    the 8B 6.49 ms of GEMV time against 4.13 with these, H200, docs/batching.md) and more columns a program
+    (BLOCK_N), so that the rows' x tiles, read again by every column tile, cost less than the
+    weights; with the narrow tile's split-K slices (the same k boundaries, so the same partial
+    sums). A row's arithmetic then differs from the narrow tile's only in how Triton issues it;
+    _tune_wide checks the bits."""
+    def candidates(narrow: Tile) -> list[Tile]:
+        bk0, split = narrow[1], narrow[4]
         per_split = triton.cdiv(triton.cdiv(k, split), bk0) * bk0
-        tiles = [(bn, bk, warps, 4, split) for bn in block_ns if bn <= max(n, 16) for bk in sorted({bk0, 128})
-                 for warps in (4, 8) if triton.cdiv(triton.cdiv(k, split), bk) * bk == per_split]
-        return [t for t in tiles if t != narrow]
+        return [Tile(bn, bk, warps, 4, split, WIDE_ROWS_A_PROGRAM) for bn in block_ns if bn <= max(n, 16)
+                for bk in sorted({bk0, 128}) for warps in (4, 8)
+                if triton.cdiv(triton.cdiv(k, split), bk) * bk == per_split]
     return candidates
 
 
@@ -697,16 +656,16 @@ def qkv_rope(inp: NormInput, w: torch.Tensor, bias: torch.Tensor | None, cos: to
     q = torch.empty(m, n_heads * hd, dtype=x.dtype, device=x.device)
 
     def launch(weight, tile):
-        block_n, block_k, warps, stages, split = tile
-        groups = row_groups(m, block_k)
-        grid = (triton.cdiv(m, ROWS * groups), heads * (hd // 2 // block_n), split)
+        tile = Tile(*tile)
+        block_n, block_k, split = tile.block_n, tile.block_k, tile.split
+        grid = (triton.cdiv(m, tile.block_m), heads * (hd // 2 // block_n), split)
         _qkv_rope_kernel[grid](
             x, weight, weight if bias is None else bias, inp.sq, cos, sin, rope, slots, q, k_cache, v_cache,
-            _split_parts(grid, groups, block_n, x.device), _tile_counters(x.device), m, k, n_slots,
+            _split_parts(grid, tile.block_m, block_n, x.device), _tile_counters(x.device), m, k, n_slots,
             triton.cdiv(triton.cdiv(k, split), block_k) * block_k, t_in, inp.eps, H=n_heads, HKV=n_kv_heads, HD=hd,
-            HAS_BIAS=bias is not None, PRECISION=_precision(x), BLOCK_M=ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
-            SPLIT=split, T_BLOCK=triton.next_power_of_2(t_in), GROUPS=groups, num_warps=warps,
-            num_stages=_stages(tile, groups, True, x.element_size()), **_launch_options(x.device))
+            HAS_BIAS=bias is not None, PRECISION=_precision(x), BLOCK_M=tile.block_m, BLOCK_N=block_n,
+            BLOCK_K=block_k, SPLIT=split, T_BLOCK=triton.next_power_of_2(t_in), num_warps=tile.warps,
+            num_stages=_stages(tile, True, x.element_size()), **_launch_options(x.device))
         return q
 
     def outputs(weight, tile):  # everything the launch writes for these rows, for _tune_wide's check
