@@ -224,16 +224,22 @@ def throughput(slots: NativeSlots, references: dict[str, NativeLlama], args) -> 
               f"({rate / base:.2f}x batch {args.batches[0]})")
 
 
+def prefilled(slots: NativeSlots, b: int, context: int) -> list[int]:
+    """Slots 0..b-1 holding `context` random tokens each (prefilled eagerly, a prompt at a time)."""
+    seqs = list(range(b))
+    for s in seqs:
+        slots.rollback(s, 0)
+        slots.forward_ragged([s], [torch.randint(0, slots.vocab_size, (context,), device=slots.device)],
+                             logits=[False])
+    return seqs
+
+
 def step_costs(slots: NativeSlots, row_counts: list[tuple[int, int]], context: int = 384) -> dict[tuple[int, int], float]:
     """Median GPU time (ms) of one forward_ragged of b sequences of n new tokens each after
     `context` cached ones (graph replay included, host plan included): the ragged verify-cost curve."""
     device, out = slots.device, {}
     for b, n in row_counts:
-        seqs = list(range(b))
-        for s in seqs:
-            slots.rollback(s, 0)
-        for s in seqs:  # prefill (eager), a prompt at a time
-            slots.forward_ragged([s], [torch.randint(0, slots.vocab_size, (context,), device=device)], logits=[False])
+        seqs = prefilled(slots, b, context)
         step = [torch.randint(0, slots.vocab_size, (n,), device=device) for _ in seqs]
         times = []
         for _ in range(12):

@@ -10,43 +10,56 @@ import collections
 import json
 import sys
 
-sys.path.insert(0, "benchmarks")
 import torch
-from gpu_batching import step_costs
+from torch.profiler import ProfilerActivity, profile
+
+from gpu_batching import prefilled, step_costs
+from specdec.models import triton_ops
 from specdec.models.native_slots import NativeSlots
 
-label, out = sys.argv[1], sys.argv[2]
-slots = NativeSlots.random("llama-3.1-8b", 64, device="cuda", dtype=torch.bfloat16, max_length=512)
-rows = [(1, 1), (1, 5), (4, 5), (16, 1), (32, 1), (64, 1), (16, 5), (64, 5)]
-costs = step_costs(slots, rows)
-profile = {}
-try:
-    from torch.profiler import profile as prof, ProfilerActivity
-    for b in (1, 64):
-        seqs = list(range(b))
+ROWS = [(1, 1), (1, 5), (4, 5), (16, 1), (32, 1), (64, 1), (16, 5), (64, 5)]  # (sequences, tokens each)
+CONTEXT = 384
+
+
+def kernel_profile(slots: NativeSlots, b: int, passes: int = 5) -> dict[str, float]:
+    """Microseconds of GPU time a pass of b sequences x 1 token, by kernel (the 8 largest)."""
+    seqs = prefilled(slots, b, CONTEXT)
+    step = [torch.randint(0, slots.vocab_size, (1,), device=slots.device) for _ in seqs]
+
+    def one_pass():
+        slots.forward_ragged(seqs, step)
         for s in seqs:
-            slots.rollback(s, 0)
-            slots.forward_ragged([s], [torch.randint(0, slots.vocab_size, (384,), device="cuda")], logits=[False])
-        step = [torch.randint(0, slots.vocab_size, (1,), device="cuda") for _ in seqs]
-        for _ in range(3):
-            slots.forward_ragged(seqs, step); [slots.rollback(s, 384) for s in seqs]
+            slots.rollback(s, CONTEXT)
+
+    for _ in range(3):  # warm-up: graphs captured, tiles tuned
+        one_pass()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(passes):
+            one_pass()
         torch.cuda.synchronize()
-        with prof(activities=[ProfilerActivity.CUDA]) as p:
-            for _ in range(5):
-                slots.forward_ragged(seqs, step); [slots.rollback(s, 384) for s in seqs]
-            torch.cuda.synchronize()
-        per = collections.Counter()
-        for e in p.events():
-            if e.device_type.name == "CUDA":
-                per[e.name[:40]] += e.device_time / 5
-        profile[b] = dict(per.most_common(8))
-        for s in seqs:
-            slots.release(s)
-        print(label, "profile", b, "rows:", {k: round(v) for k, v in profile[b].items()})
-except Exception as e:  # the profile is a detail; the pass costs are the point
-    print("profile failed:", repr(e))
-from specdec.models import triton_ops
-json.dump({"label": label, "pass_ms": {f"{b}x{n}": ms for (b, n), ms in costs.items()},
-           "profile_us": profile, "wide_checks": {str(k): v for k, v in triton_ops.wide_checks.items()},
-           "chosen": {str(k): v for k, v in getattr(triton_ops, "_chosen_tiles", {}).items()}},
-          open(out, "w"), indent=1, default=str)
+    per_kernel = collections.Counter()
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            per_kernel[event.name[:40]] += event.device_time / passes
+    for s in seqs:
+        slots.release(s)
+    return dict(per_kernel.most_common(8))
+
+
+def main() -> None:
+    label, out = sys.argv[1], sys.argv[2]
+    slots = NativeSlots.random("llama-3.1-8b", 64, device="cuda", dtype=torch.bfloat16, max_length=512)
+    costs = step_costs(slots, ROWS, CONTEXT)
+    profiles = {}
+    for b in (1, 64):
+        profiles[b] = kernel_profile(slots, b)
+        print(label, "profile", b, "rows:", {k: round(v) for k, v in profiles[b].items()})
+    with open(out, "w") as f:
+        json.dump({"label": label, "pass_ms": {f"{b}x{n}": ms for (b, n), ms in costs.items()},
+                   "profile_us": profiles, "wide_checks": {str(k): v for k, v in triton_ops.wide_checks.items()},
+                   "chosen": {str(k): v for k, v in triton_ops._chosen_tiles.items()}}, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

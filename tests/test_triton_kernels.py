@@ -47,7 +47,7 @@ def test_norms_folded_into_the_gemvs_match_rms_norm_then_gemv(rows, split, monke
     tile (embed, gemv_then_norm), and the next GEMV scales its accumulator by rstd. Each result
     against rms_norm then the product, with split-K too, and 48 columns (three 16-column tiles)."""
     monkeypatch.setattr(triton_ops, "_chosen_tiles", {})
-    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", (16, 32, 4, 1, split))
+    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", triton_ops.Tile(16, 32, 4, 1, split))
     close = dict(atol=1e-4, rtol=1e-4)
     table, g1, g2 = randn(30, 48), randn(48) + 1, randn(48) + 1
     tokens = torch.randint(0, 30, (rows,), generator=GEN)
@@ -69,7 +69,7 @@ def test_sums_of_squares_are_per_16_columns_whatever_the_tile(block_n, monkeypat
     """The sums a GEMV leaves for the next norm are over SQ_COLS columns each, not over the tile's
     BLOCK_N: a wide tile (batched passes) must leave the very sums a narrow one (single steps) does."""
     monkeypatch.setattr(triton_ops, "_chosen_tiles", {})
-    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", (block_n, 32, 4, 1, 1))
+    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", triton_ops.Tile(block_n, 32, 4, 1, 1))
     x, w, g = randn(5, 48), randn(80, 48), randn(80) + 1  # 80 columns: the last 16-column chunk in a part tile
     h, h_in = triton_ops.gemv_then_norm(x, w, g, 1e-5)
     assert h_in.sq.shape == (5, 5)
@@ -82,6 +82,7 @@ def test_wide_tiles_keep_the_narrow_tiles_split_k_slices():
     BLOCK_N, BLOCK_K and warps, never where the split-K slices start: the partial sums stay the same."""
     for k, narrow in [(4096, (16, 256, 4, 4, 1)), (14336, (32, 512, 8, 3, 4)), (4096, (16, 512, 4, 3, 2)),
                       (100, (16, 32, 4, 1, 3))]:
+        narrow = triton_ops.Tile(*narrow)
         split, per_split = narrow[4], -(-(-(-k // narrow[4])) // narrow[1]) * narrow[1]
         wide = triton_ops._wide_tiles(k, 4096)(narrow)
         assert wide and narrow not in wide
@@ -100,7 +101,7 @@ def test_split_k_gemv_matches_torch_and_resets_its_counters(split, block_m, monk
     gpu`: the interpreter's numpy products are not row-invariant even without split-K.)"""
     x, w, bias, res = randn(17, 100), randn(40, 100), randn(40), randn(17, 40)
     monkeypatch.setattr(triton_ops, "_chosen_tiles", {})
-    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", (16, 32, 4, 1, split, block_m))
+    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", triton_ops.Tile(16, 32, 4, 1, split, block_m))
     close = dict(atol=1e-4, rtol=1e-4)
     both = triton_ops.gemv(x, w, bias=bias, residual=res)
     torch.testing.assert_close(both, res + x @ w.T + bias, **close)
@@ -119,7 +120,7 @@ def test_qkv_rope_and_attention_match_torch(bias, block_m, monkeypatch):
     """The q/k/v GEMV of normalised x with RoPE in its epilogue (q out, k and v into the cache at
     their positions), then attention over the cache split in chunks, against torch."""
     monkeypatch.setattr(triton_ops, "_chosen_tiles", {})
-    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", (16, 32, 4, 1, 1, block_m))
+    monkeypatch.setattr(triton_ops, "INTERPRETER_TILE", triton_ops.Tile(16, 32, 4, 1, 1, block_m))
     n_heads, n_kv, hd, slots, n, d = 4, 2, 32, 320, 5, 48
     pos = torch.arange(254, 254 + n)  # across a chunk boundary of the split attention (256)
     angles = randn(slots, hd // 2)

@@ -414,7 +414,7 @@ def _launch_options(device: torch.device) -> dict:
     return {"PDL": 1, "launch_pdl": True} if uses_pdl(device) else {"PDL": 0}
 
 
-_chosen_tiles: dict[tuple, tuple] = {}  # (N, K, flags, dtype, device) -> the tile the tuner picked
+_chosen_tiles: dict[tuple, Tile] = {}  # (N, K, flags, dtype, device) -> the tile the tuner picked
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
@@ -477,8 +477,7 @@ def _gemv(x: torch.Tensor | NormInput, w, bias, residual, swiglu: bool, next_nor
     operands = (bias, None if residual is None else residual.contiguous(), None if normed is None else normed.sq,
                 next_norm)
 
-    def launch(weight, tile):
-        tile = Tile(*tile)
+    def launch(weight, tile: Tile):
         block_n, block_k, split = tile.block_n, tile.block_k, tile.split
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
         # Row blocks vary fastest: the programs of one weight tile run side by side and share its
@@ -511,8 +510,8 @@ def _rows_like(x: torch.Tensor | NormInput, rows: int) -> torch.Tensor | NormInp
     return x[torch.arange(rows, device=x.device) % x.shape[0]]
 
 
-def _tile_for(key: tuple, m: int, launch, w: torch.Tensor, rerun, narrow_tiles: list[tuple],
-              wide_tiles, outputs) -> tuple:
+def _tile_for(key: tuple, m: int, launch, w: torch.Tensor, rerun, narrow_tiles: list[Tile],
+              wide_tiles, outputs) -> Tile:
     """The tile of a pass of m rows through this matrix: the narrow tile, tuned on a single-token
     step (a tile chosen on a long prefill pass ran a 1-row step of the 8B model 35% slower on an
     H200), up to ROWS rows; beyond, the wide tile, tuned on WIDE_ROWS rows among the candidates
@@ -558,7 +557,7 @@ def cold_copies(w: torch.Tensor) -> list[torch.Tensor]:
     return [w] + [w.clone() for _ in range(min(7, -(-(64 << 20) // (w.numel() * w.element_size())) - 1))]
 
 
-def _tune(launch, w: torch.Tensor, tiles: list[tuple] = TILES) -> tuple:
+def _tune(launch, w: torch.Tensor, tiles: list[Tile] = TILES) -> Tile:
     """The fastest tile for this matrix shape, timed as the model runs it (_time_tile). Keyed on
     the shape, never on the row count, so every step of a model uses one tile (the exactness
     above needs that)."""
@@ -576,7 +575,7 @@ def _tune(launch, w: torch.Tensor, tiles: list[tuple] = TILES) -> tuple:
     return min(timings, key=timings.get)
 
 
-def _time_tile(launch, copies: list[torch.Tensor], tile: tuple) -> float:
+def _time_tile(launch, copies: list[torch.Tensor], tile: Tile) -> float:
     """Milliseconds of 10 launches of `tile` inside a CUDA graph (no host launch cost, which would
     swamp a 5-us kernel), streaming weights that are not in L2 (copies cycled through)."""
     launch(copies[0], tile)  # compile outside the capture
@@ -612,15 +611,15 @@ def _wide_tiles(k: int, n: int, block_ns: tuple[int, ...] = (64, 128)):
     sums). A row's arithmetic then differs from the narrow tile's only in how Triton issues it;
     _tune_wide checks the bits."""
     def candidates(narrow: Tile) -> list[Tile]:
-        bk0, split = narrow[1], narrow[4]
-        per_split = triton.cdiv(triton.cdiv(k, split), bk0) * bk0
+        split = narrow.split
+        per_split = triton.cdiv(triton.cdiv(k, split), narrow.block_k) * narrow.block_k
         return [Tile(bn, bk, warps, 4, split, WIDE_ROWS_A_PROGRAM) for bn in block_ns if bn <= max(n, 16)
-                for bk in sorted({bk0, 128}) for warps in (4, 8)
+                for bk in sorted({narrow.block_k, 128}) for warps in (4, 8)
                 if triton.cdiv(triton.cdiv(k, split), bk) * bk == per_split]
     return candidates
 
 
-def _tune_wide(launch, outputs, w: torch.Tensor, narrow: tuple, candidates: list[tuple]) -> tuple:
+def _tune_wide(launch, outputs, w: torch.Tensor, narrow: Tile, candidates: list[Tile]) -> Tile:
     """The fastest of the narrow tile and those candidates whose every output is bit for bit the
     narrow tile's on this pass of WIDE_ROWS rows: a batch then never changes a row's numbers
     (rule 6), and a candidate that would (another instruction, another order) is never used."""
@@ -655,8 +654,7 @@ def qkv_rope(inp: NormInput, w: torch.Tensor, bias: torch.Tensor | None, cos: to
     t_in = inp.sq.shape[1]
     q = torch.empty(m, n_heads * hd, dtype=x.dtype, device=x.device)
 
-    def launch(weight, tile):
-        tile = Tile(*tile)
+    def launch(weight, tile: Tile):
         block_n, block_k, split = tile.block_n, tile.block_k, tile.split
         grid = (triton.cdiv(m, tile.block_m), heads * (hd // 2 // block_n), split)
         _qkv_rope_kernel[grid](
