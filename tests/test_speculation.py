@@ -365,10 +365,12 @@ def test_fixed_mode_overrides_each_request_k(tiny_target):
     assert first.last_decision.ks == (3,) and first.last_decision.predicted_tokens_per_second is None
 
 
-def test_sampled_output_under_auto_follows_target_distribution():
-    """1500 seeded 2-token answers in 8 slots with a Markov draft; the policy picks 0 or 1 draft."""
+@pytest.mark.parametrize("guard_window", [0, 2])
+def test_sampled_output_under_auto_follows_target_distribution(guard_window):
+    """1500 seeded 2-token answers in 8 slots with a Markov draft; the policy picks 0 or 1 draft, and
+    with a guard of 2-step windows it is also switched on and off every few steps."""
     costs = VerifyCostTable.from_rows([(1, 1.0), (2, 1.2), (3, 1.9)])
-    policy = SpeculationPolicy.auto(k_max=2, verify_cost=costs)
+    policy = SpeculationPolicy.auto(k_max=2, verify_cost=costs, guard_window=guard_window)
     engine = BatchedEngine(LoopSlots(lambda: MarkovLM(V, seed=0), 8), lambda: ModelDrafter(MarkovLM(V, seed=1), V),
                            config=BatchConfig(speculation=policy))
     handles = [engine.submit(PROMPT, GenerationConfig(max_new_tokens=2, sampling=SamplingParams(1.0, seed=i)))
@@ -380,6 +382,8 @@ def test_sampled_output_under_auto_follows_target_distribution():
         origins |= {t.origin for t in handle}
     assert goodness_of_fit(counts, exact_joint(MarkovLM(V, seed=0), HOT, n_tokens=2)) > 1e-3
     assert Origin.ACCEPTED in origins
+    if guard_window:
+        assert sum(row["open_windows"] + row["closed_windows"] for row in engine.guard.summary) >= 4
 
 
 def test_auto_measures_the_verify_cost_of_the_real_target(tiny_target):

@@ -29,6 +29,7 @@ import torch
 
 from specdec.batch_rule import StepRule, queue_rule, with_logprobs
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
+from specdec.guard import ThroughputGuard
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
@@ -220,6 +221,7 @@ class BatchedEngine:
         self._draft_cost = DraftCost(policy.draft_seconds_per_pass)
         self._calibration = StepCalibration()
         self._acceptance = AcceptancePool(policy)
+        self._guard = ThroughputGuard(policy.guard_window) if policy.mode == "auto" and policy.guard_window else None
         self._planned_for: tuple | None = None  # the inputs of the latest auto plan, and the plan
         self._latest_plan: StepPlan | None = None
         self._plain_batch: tuple | None = None  # the batch (and fade period) the latest plain plan holds for
@@ -235,6 +237,11 @@ class BatchedEngine:
         """The target's cost table the auto policy prices steps by (measured at start-up unless the
         policy brought one); None in the other modes."""
         return self._verify_cost
+
+    @property
+    def guard(self) -> ThroughputGuard | None:
+        """The auto policy's check on its realized throughput, by batch size (None without one)."""
+        return self._guard
 
     @property
     def busy(self) -> bool:
@@ -305,7 +312,23 @@ class BatchedEngine:
             self._charge(unit, *phases)
             unit.seq.handle.finish_reason = reason
             unit.seq.handle._emit(tokens, finished=reason is not None)  # listeners' time is not ours
+        if self._guard is not None:
+            self._guard_record(flight, emitted, time.perf_counter() - start)
         return self.busy
+
+    def _guard_record(self, flight: _Flight, emitted: list, seconds: float) -> None:
+        """A step for the guard: its decoding sequences, the tokens they emitted, and the predicted
+        seconds of a plain step of the same batch, prefill chunks included (they share the pass)."""
+        n = sum(u.draft is not None for u in flight.units)
+        if n == 0:
+            return  # prefill chunks only: no mode's step
+        prefill_rows = tuple(int(u.tokens.shape[0]) for u in flight.units if u.draft is None)
+        plain = step_seconds(self._verify_cost, (0,) * n, prefill_rows, 0.0)
+        self._guard.record(n, sum(len(tokens) for _, tokens, _ in emitted), seconds, plain)
+
+    def _drafting(self, num_decoding: int) -> str | None:
+        """The guard's mode at this batch size, for StepDecision (None without a guard)."""
+        return None if self._guard is None else ("open" if self._guard.is_open(num_decoding) else "closed")
 
     def _launch(self, units: list[_Unit]) -> _Flight:
         """Queue a step: one forward over every unit, then the rule over its verifies."""
@@ -346,7 +369,7 @@ class BatchedEngine:
         units = [_Unit(seq, flight.rule.next_token_of(i), self._no_draft) for i, seq in running]
         policy = self.config.speculation
         self.last_decision = StepDecision(policy.mode, tuple(s.handle.request_id for _, s in running),
-                                          (0,) * len(units), len(units))
+                                          (0,) * len(units), len(units), drafting=self._drafting(len(units)))
         return self._launch(units)
 
     def _drop_cancelled(self) -> None:
@@ -422,8 +445,8 @@ class BatchedEngine:
             self.last_decision = StepDecision(policy.mode, ids, tuple(ks), len(self._running))
             return ks
         plan = self._auto_plan(decoding)
-        self.last_decision = StepDecision("auto", ids, plan.ks, len(self._running),
-                                          plan.predicted_tokens_per_second, plan.plain_tokens_per_second)
+        self.last_decision = StepDecision("auto", ids, plan.ks, len(self._running), plan.predicted_tokens_per_second,
+                                          plan.plain_tokens_per_second, self._drafting(len(decoding)))
         return list(plan.ks)
 
     def _calibrate(self, flight: _Flight, observed: float) -> None:
@@ -447,11 +470,12 @@ class BatchedEngine:
         batch = (tuple(s.handle.request_id for s in decoding), self._steps // (policy.evidence_half_life // 2))
         if batch == self._plain_batch and len(decoding) == len(self._running):
             return self._latest_plan
+        if self._guard is not None and not self._guard.is_open(len(decoding)):
+            return self._closed_plan(decoding)
         alphas = self._acceptance.estimates([(s.drafter.name, s.evidence.accepted, s.evidence.judged)
                                              for s in decoding])
         caps = [0 if s.drafter.drafts_nothing else s.next_k(policy.k) for s in decoding]
-        other_rows = [min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
-                      for s in self._running if s.prefilling]
+        other_rows = self._prefill_rows()
         # The same inputs give the same plan: through a plain stretch only the calibration moves,
         # read to 2 %, so at high load (where the host's time a step is the server's) it is reused.
         per_pass, factor = self._draft_cost.per_pass, self._calibration.factor_to(0.02)
@@ -462,6 +486,16 @@ class BatchedEngine:
                                           factor)
         self._plain_batch = None if any(self._latest_plan.ks) or other_rows else batch
         return self._latest_plan
+
+    def _prefill_rows(self) -> tuple[int, ...]:
+        """The rows of this step's prefill chunks (they share the pass with the verifies)."""
+        return tuple(min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
+                     for s in self._running if s.prefilling)
+
+    def _closed_plan(self, decoding: list[_Sequence]) -> StepPlan:
+        """The plain step the guard holds this batch size to while drafting does not pay."""
+        plain = step_seconds(self._verify_cost, (0,) * len(decoding), self._prefill_rows(), 0.0)
+        return StepPlan((0,) * len(decoding), float(len(decoding)), plain, plain)
 
     def _next_step_is_plain(self) -> bool:
         """Whether the step after the one in flight will be plain for every running sequence: always

@@ -98,7 +98,10 @@ class SpeculationPolicy:
     min_gain: a step speculates only when its predicted rate beats plain's by this fraction (the
     cost model is measured, so a prediction within its error is no reason to risk being slower).
     evidence_half_life: engine steps over which a sequence's own judged drafts lose half their
-    weight (SequenceEvidence), so that one that stopped drafting after unlucky rounds tries again."""
+    weight (SequenceEvidence), so that one that stopped drafting after unlucky rounds tries again.
+    guard_window: steps per window of the auto policy's ThroughputGuard (specdec.guard), which lets
+    the policy draft at a batch size only while drafting's realized tokens per second beat plain
+    steps'; 0: no guard (the model's plans alone)."""
 
     mode: str = "request"
     k: int = 4
@@ -108,6 +111,7 @@ class SpeculationPolicy:
     draft_seconds_per_pass: float = 0.0
     min_gain: float = 0.05
     evidence_half_life: int = 16
+    guard_window: int = 32
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -121,6 +125,8 @@ class SpeculationPolicy:
             raise InvalidRequestError("draft_seconds_per_pass and min_gain must be >= 0")
         if self.evidence_half_life < 2:
             raise InvalidRequestError(f"evidence_half_life must be >= 2 steps, got {self.evidence_half_life}")
+        if self.guard_window < 0:
+            raise InvalidRequestError(f"guard_window must be >= 0 steps (0: no guard), got {self.guard_window}")
 
     @classmethod
     def auto(cls, k_max: int = 8, **kwargs) -> "SpeculationPolicy":
@@ -431,7 +437,9 @@ class StepDecision:
 
     request_ids and ks: each decoding sequence's request id and drafts this step (0: a plain step).
     batch_size: sequences in the pass (prefilling ones included). The predictions are the auto
-    policy's (None in the other modes), in tokens per second of the whole batch."""
+    policy's (None in the other modes), in tokens per second of the whole batch. drafting: the auto
+    policy's ThroughputGuard at this batch size, "open" (the policy chooses) or "closed" (plain
+    steps); None in the other modes or without a guard."""
 
     mode: str
     request_ids: tuple[int, ...]
@@ -439,6 +447,7 @@ class StepDecision:
     batch_size: int
     predicted_tokens_per_second: float | None = None
     plain_tokens_per_second: float | None = None
+    drafting: str | None = None
 
 
 def _powers_up_to(n: int) -> tuple[int, ...]:

@@ -1,0 +1,142 @@
+"""The auto policy's check on itself: drafting stays allowed at a batch size only while it pays.
+
+The auto policy prices each step by a model (the verify-cost table, the drafter's cost, the
+calibration of drafting steps against plain ones) and speculates where the model predicts a gain.
+Where the model misprices (a host cost it does not see, a drafter whose cost grows in a way its
+timing misses, the pipelining that only plain steps get), a plan predicted to win can lose. The
+guard does not predict; it measures what the server delivers.
+
+The engine's steps are grouped by batch size into buckets (the nearest power of two of the decoding
+sequences: 3-5 is 4, 12-22 is 16), so that a batch that shrinks by one as a sequence ends stays in
+its bucket. Each bucket runs windows, each either open (the policy chooses K per sequence, 0
+included: `window` steps) or closed (every K = 0, plain steps, which pipeline: half as many, since
+a plain step's tokens do not vary and only its seconds do). A window's score is its realized tokens
+per second over what the cost table predicts plain decoding of the same batches gives, so windows
+under different loads compare. A window's first step is not scored: it pays the switch (a draft
+model catching up on the plain steps' tokens, a plain step that could not be queued ahead), which
+the mode that runs steadily does not. The mode with the better median score over its latest
+`memory` windows runs. The other one runs a window again once the leader has run long enough that
+exploring costs at most `budget` of throughput: a trailer behind by a fraction g gets a share of
+the time of budget / g (all of it while g <= budget; at least 1 / (1 + max_ratio)), so a change
+in load or in acceptance is seen. Both modes emit the target's tokens: the guard only changes how
+fast they come.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+OPEN, CLOSED = "open", "closed"
+
+
+@dataclass
+class _Window:
+    """The steps of one bucket's current window."""
+
+    mode: str
+    skip: int = 1  # first steps left unscored (the switch's)
+    steps: int = 0
+    tokens: int = 0
+    sequences: int = 0  # sum over its steps of the decoding sequences: the tokens plain steps give
+    seconds: float = 0.0
+    plain_seconds: float = 0.0  # sum over its steps of the cost table's plain step for the same batch
+
+    def score(self) -> float:
+        """Realized tokens per second over plain decoding's predicted tokens per second."""
+        return (self.tokens / self.seconds) / (self.sequences / self.plain_seconds)
+
+
+@dataclass
+class _Bucket:
+    scores: dict[str, deque] = field(default_factory=dict)
+    window: _Window = field(default_factory=lambda: _Window(OPEN))
+    last_seconds: dict[str, float] = field(default_factory=dict)  # each mode's latest window's seconds
+    leader: str | None = None
+    leader_seconds: float = 0.0  # the leader's seconds since the trailing mode last ran
+
+
+class ThroughputGuard:
+    """Whether drafting is allowed at each batch size (module docstring). window: steps per open
+    window (a closed one: half, at least 1), each window's first step left out; memory: windows of
+    each mode whose median scores it; budget: the share of throughput that exploring the trailing
+    mode may cost; max_ratio: the most seconds the leader runs per second of the trailer's."""
+
+    def __init__(self, window: int = 32, memory: int = 8, budget: float = 0.005, max_ratio: float = 100.0):
+        if window < 1 or memory < 1 or budget <= 0 or max_ratio < 0:
+            raise ValueError("window and memory must be >= 1, budget > 0 and max_ratio >= 0")
+        self.window, self.memory, self.budget, self.max_ratio = window, memory, budget, max_ratio
+        self._buckets: dict[int, _Bucket] = {}
+        self.summary: tuple[dict, ...] = ()  # replaced whole as a window ends: other threads may read it
+
+    @staticmethod
+    def bucket_of(num_decoding: int) -> int:
+        """The power of two nearest to the batch size (in log scale)."""
+        return 2 ** round(math.log2(max(num_decoding, 1)))
+
+    def is_open(self, num_decoding: int) -> bool:
+        """Whether the policy may draft in a step of this many decoding sequences."""
+        return self._bucket(num_decoding).window.mode == OPEN
+
+    def record(self, num_decoding: int, tokens: int, seconds: float, plain_seconds: float) -> None:
+        """One step: its decoding sequences, the tokens they emitted, its seconds, and the cost
+        table's seconds of a plain step of the same batch (prefill chunks in the pass included). A
+        window that fills up is scored and the next one's mode is chosen."""
+        if num_decoding < 1 or seconds <= 0 or plain_seconds <= 0:
+            return
+        bucket = self._bucket(num_decoding)
+        w = bucket.window
+        if w.skip:
+            w.skip -= 1
+            return
+        w.steps += 1
+        w.tokens += tokens
+        w.sequences += num_decoding
+        w.seconds += seconds
+        w.plain_seconds += plain_seconds
+        if w.steps >= (self.window if w.mode == OPEN else max(1, self.window // 2)):
+            bucket.scores.setdefault(w.mode, deque(maxlen=self.memory)).append(w.score())
+            bucket.window = _Window(self._next_mode(bucket, w.mode, w.seconds))
+            self.summary = self._summarize()
+
+    def _next_mode(self, bucket: _Bucket, last: str, seconds: float) -> str:
+        bucket.last_seconds[last] = seconds
+        for mode in (OPEN, CLOSED):
+            if mode not in bucket.scores:
+                return mode  # each mode's first window, open first
+        lead = self._lead(bucket)
+        leader = OPEN if lead >= 0 else CLOSED
+        trailer = CLOSED if leader == OPEN else OPEN
+        if last == trailer or leader != bucket.leader:
+            bucket.leader, bucket.leader_seconds = leader, 0.0
+            return leader
+        bucket.leader_seconds += seconds
+        # The trailer's window costs its seconds times the lead; spread over leader + trailer time
+        # that is the budget when the leader runs lead / budget - 1 times the trailer's seconds.
+        ratio = min(self.max_ratio, max(0.0, abs(lead) / self.budget - 1))
+        return trailer if bucket.leader_seconds >= ratio * bucket.last_seconds[trailer] else leader
+
+    @staticmethod
+    def _lead(bucket: _Bucket) -> float:
+        """How much the open mode's median score beats the closed one's (negative: it trails)."""
+        return statistics.median(bucket.scores[OPEN]) / statistics.median(bucket.scores[CLOSED]) - 1
+
+    def _bucket(self, num_decoding: int) -> _Bucket:
+        return self._buckets.setdefault(self.bucket_of(num_decoding), _Bucket())
+
+    def _summarize(self) -> tuple[dict, ...]:
+        """Per bucket, by batch size: the mode now, each mode's median score and the windows it reads."""
+        out = []
+        for size in sorted(self._buckets):
+            b = self._buckets[size]
+            if not b.scores:
+                continue  # steps seen, no window scored yet
+            row = {"batch": size, "mode": b.window.mode}
+            for mode in (OPEN, CLOSED):
+                scores = b.scores.get(mode, ())
+                row[f"{mode}_score"] = round(statistics.median(scores), 4) if scores else None
+                row[f"{mode}_windows"] = len(scores)
+            out.append(row)
+        return tuple(out)

@@ -1,0 +1,167 @@
+"""The auto policy's throughput guard: drafting stays allowed at a batch size only while it pays."""
+
+import pytest
+
+from specdec.batching import BatchConfig, BatchedEngine
+from specdec.engine import GenerationConfig
+from specdec.errors import InvalidRequestError
+from specdec.guard import ThroughputGuard
+from specdec.models.slots import LoopSlots
+from specdec.speculation import SpeculationPolicy, VerifyCostTable
+from tests.test_batching import make_drafter, plain
+
+WINDOW = 4
+
+
+class Served:
+    """What the simulated steps emitted, and in how many seconds."""
+    tokens = 0
+    seconds = 0.0
+
+
+def run_windows(guard: ThroughputGuard, batch: int, windows: int, open_rate: float, closed_rate: float = 1.0,
+                plain_step: float = 0.01, served: Served | None = None) -> list[str]:
+    """Feed `windows` windows of steps whose realized tokens per second are open_rate (or closed_rate)
+    times plain decoding's predicted rate, as the guard's mode asks; the mode of each window."""
+    modes, served = [], served or Served()
+    for _ in range(windows):
+        mode = "open" if guard.is_open(batch) else "closed"
+        modes.append(mode)
+        rate = open_rate if mode == "open" else closed_rate
+        tokens = 2 * batch if mode == "open" else batch  # drafting steps emit more tokens, and take longer
+        scored = guard.summary
+        while guard.summary is scored:  # until the window ends (the summary is replaced then)
+            seconds = tokens / (rate * batch / plain_step)
+            guard.record(batch, tokens, seconds, plain_step)
+            served.tokens += tokens
+            served.seconds += seconds
+    return modes
+
+
+def test_it_tries_both_modes_then_closes_where_drafting_loses():
+    guard = ThroughputGuard(window=WINDOW)
+    modes = run_windows(guard, 16, 80, open_rate=0.96)
+    assert modes[:2] == ["open", "closed"]
+    assert 2 <= modes[2:].count("open") <= 12  # explored, rarely
+    assert modes[-10:].count("closed") >= 8
+    summary = guard.summary[0]
+    assert summary["batch"] == 16 and summary["open_score"] == pytest.approx(0.96)
+    assert summary["closed_score"] == pytest.approx(1.0)
+
+
+def test_it_stays_open_where_drafting_wins_and_explores_less_the_further_ahead():
+    closed_windows = []
+    for rate in (1.1, 1.35, 2.0):
+        guard = ThroughputGuard(window=WINDOW)
+        modes = run_windows(guard, 1, 200, open_rate=rate)
+        assert modes[2:].count("open") >= 170
+        closed_windows.append(modes[2:].count("closed"))
+    assert closed_windows == sorted(closed_windows, reverse=True) and closed_windows[0] > closed_windows[-1]
+
+
+def test_modes_level_with_each_other_take_turns():
+    modes = run_windows(ThroughputGuard(window=WINDOW), 4, 40, open_rate=1.0)
+    assert modes.count("open") == modes.count("closed") == 20
+
+
+@pytest.mark.parametrize("open_rate", [0.5, 0.75, 0.96, 1.02, 1.1, 1.35, 2.0])
+def test_exploring_the_trailing_mode_costs_about_its_budget_once_learnt(open_rate):
+    """Throughput of 400 windows over the better mode's own: within 1 % at the default budget of 0.5 %
+    (plus the windows' unscored first steps)."""
+    guard, served = ThroughputGuard(window=32), Served()
+    run_windows(guard, 16, 10, open_rate)  # learning
+    run_windows(guard, 16, 400, open_rate, served=served)
+    realized = served.tokens / served.seconds / (16 / 0.01)  # over plain's predicted rate, as scored
+    assert 0.99 * max(open_rate, 1.0) < realized <= max(open_rate, 1.0) * (1 + 1e-9)
+
+
+def test_a_change_of_load_is_seen_by_exploring():
+    """Drafting lost, then starts to win (the acceptance rose): the explored open windows find it."""
+    guard = ThroughputGuard(window=WINDOW, memory=4)
+    assert run_windows(guard, 4, 40, open_rate=0.9)[-10:].count("closed") >= 9
+    modes = run_windows(guard, 4, 60, open_rate=1.3)
+    assert modes[-10:].count("open") >= 9
+
+
+def test_buckets_decide_apart_and_a_batch_one_smaller_stays_in_its_bucket():
+    assert [ThroughputGuard.bucket_of(n) for n in (1, 2, 3, 4, 5, 6, 12, 15, 16, 22, 23, 31, 32)] == \
+        [1, 2, 4, 4, 4, 8, 16, 16, 16, 16, 32, 32, 32]
+    guard = ThroughputGuard(window=WINDOW)
+    run_windows(guard, 1, 12, open_rate=1.4)
+    run_windows(guard, 16, 12, open_rate=0.9)
+    assert guard.is_open(1) and not guard.is_open(16) and not guard.is_open(15)
+    assert [row["batch"] for row in guard.summary] == [1, 16]
+
+
+def test_a_windows_first_step_and_steps_with_no_sequences_or_no_time_are_not_scored():
+    guard = ThroughputGuard(window=2)
+    guard.record(0, 0, 0.01, 0.01)
+    guard.record(3, 3, 0.0, 0.01)
+    assert guard.summary == ()
+    guard.record(4, 400, 0.01, 0.01)  # the open window's first step: a switch's cost, unscored
+    guard.record(4, 8, 0.01, 0.01)
+    guard.record(4, 8, 0.01, 0.01)
+    assert guard.summary[0]["open_score"] == pytest.approx(2.0) and not guard.is_open(4)
+    guard.record(4, 4, 0.1, 0.01)  # the closed window (1 step): its first step unscored, then one
+    guard.record(4, 4, 0.02, 0.01)
+    assert guard.summary[0]["closed_score"] == pytest.approx(0.5) and guard.is_open(4)
+    with pytest.raises(ValueError, match="window"):
+        ThroughputGuard(window=0)
+    with pytest.raises(ValueError, match="budget"):
+        ThroughputGuard(budget=0)
+    with pytest.raises(InvalidRequestError, match="guard_window"):
+        SpeculationPolicy.auto(guard_window=-1)
+
+
+# ---- in the engine ---------------------------------------------------------------------------------
+
+CHEAP_ROWS = VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)])  # verify rows almost free: it drafts
+
+
+def engine_with(tiny_target, guard_window: int, slots: int = 2) -> BatchedEngine:
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=CHEAP_ROWS, guard_window=guard_window)
+    return BatchedEngine(LoopSlots(tiny_target.with_own_cache, slots), lambda: make_drafter("lookup", None, None),
+                         config=BatchConfig(64, policy))
+
+
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 9, 10, 9, 10]]
+CONFIG = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+
+
+def stepped(engine: BatchedEngine) -> list:
+    """Run the engine to the end; its decision at every step."""
+    decisions = []
+    while engine.step():
+        decisions.append(engine.last_decision)
+    return decisions + [engine.last_decision]
+
+
+def test_a_closed_guard_holds_its_batch_size_to_plain_steps_and_the_answers_stay(tiny_target):
+    engine = engine_with(tiny_target, guard_window=64)
+    run_windows(engine.guard, 2, 2, open_rate=0.5)  # drafting was seen to lose at 2 in flight
+    handles = [engine.submit(p, CONFIG) for p in PROMPTS]
+    decisions = stepped(engine)
+    assert all(d.drafting == "closed" and not any(d.ks) for d in decisions if len(d.ks) == 2)
+    assert all(h.stats.drafted == 0 for h in handles)
+    assert [h.token_ids for h in handles] == [plain(tiny_target, p, CONFIG).token_ids for p in PROMPTS]
+
+
+def test_the_engine_scores_its_decoding_steps_and_switches_without_changing_answers(tiny_target):
+    engine = engine_with(tiny_target, guard_window=3)
+    handles = [engine.submit(p, CONFIG) for p in PROMPTS]
+    decisions = stepped(engine)
+    assert [h.token_ids for h in handles] == [plain(tiny_target, p, CONFIG).token_ids for p in PROMPTS]
+    row = next(r for r in engine.guard.summary if r["batch"] == 2)
+    assert row["open_windows"] >= 1 and row["closed_windows"] >= 1
+    assert row["open_score"] > 0 and row["closed_score"] > 0
+    at_two = [d for d in decisions if len(d.ks) == 2]
+    assert {d.drafting for d in at_two} == {"open", "closed"}
+    assert any(any(d.ks) for d in at_two if d.drafting == "open")
+    assert not any(any(d.ks) for d in at_two if d.drafting == "closed")
+
+
+def test_no_guard_leaves_the_plans_to_the_model(tiny_target):
+    engine = engine_with(tiny_target, guard_window=0)
+    [engine.submit(p, CONFIG) for p in PROMPTS]
+    decisions = stepped(engine)
+    assert engine.guard is None and all(d.drafting is None for d in decisions)
