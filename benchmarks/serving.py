@@ -260,7 +260,20 @@ def _interleave(plan: Plan, specs: list[ServerSpec], rounds: int, log, work: Pat
                 measured.setdefault(spec.label, {"flags": list(spec.all_flags), "levels": {}})
                 measured[spec.label]["levels"].setdefault(level, []).append({**run, "round": r + 1})
                 print(f"[{spec.label}] concurrency {level}, round {r + 1}: "
-                      f"{run['runs'][0]['output_throughput']:.1f} out tok/s", flush=True)
+                      f"{run['runs'][0]['output_throughput']:.1f} out tok/s{guard_note(run['runs'][0], level)}",
+                      flush=True)
+
+
+def guard_note(run: dict, level: int) -> str:
+    """An auto server's throughput guard at this level's batch size after the run, e.g.
+    "; guard at 16: closed (open 0.95, closed 0.99 of predicted plain)"; "" from other servers."""
+    from specdec.guard import ThroughputGuard
+
+    row = next((g for g in run.get("guard") or () if g["batch"] == ThroughputGuard.bucket_of(level)), None)
+    if row is None:
+        return ""
+    scores = ", ".join(f"{m} {row[f'{m}_score']:.2f}" for m in ("open", "closed") if row[f"{m}_score"] is not None)
+    return f"; guard at {row['batch']}: {row['mode']} ({scores} of predicted plain)"
 
 
 def merge_rounds(measured: dict) -> dict:
@@ -318,7 +331,8 @@ def summary_lines(result: dict) -> list[str]:
             alpha, tau = (f"{spec['acceptance_rate']:.2f}", f"{spec['mean_acceptance_length']:.2f}") \
                 if spec.get("num_drafts") else ("-", "-")
             speedup = f"{r['speedup']:.2f}x" if r.get("speedup") else "-"
-            lines.append(f"{label:<14}{level:>6}{r['output_throughput']:>11.1f}{speedup:>10}{alpha:>7}{tau:>6}")
+            lines.append(f"{label:<14}{level:>6}{r['output_throughput']:>11.1f}{speedup:>10}{alpha:>7}{tau:>6}"
+                         f"{guard_note(r, level)}")
     plain, alone = by_label.get("plain", {}), by_label.get("one-at-a-time", {})
     for level in sorted(set(plain) & set(alone)):
         ratio = plain[level]["output_throughput"] / alone[level]["output_throughput"]

@@ -80,3 +80,22 @@ def test_the_speculation_endpoint_shows_what_the_metrics_show():
     batch, ks = metrics_decision(server.url)
     assert decision["mode"] == "fixed" and decision["batch_size"] == batch >= 1 and decision["ks"] == ks
     assert decision["predicted_tokens_per_second"] is None  # auto's prediction; a fixed K has none
+
+
+def test_the_auto_servers_throughput_guard_is_in_the_endpoint_and_the_metrics():
+    """After a long answer (several 32-step windows at one in flight) the guard has scored both modes
+    at batch 1, and /speculation and /metrics say where it stands."""
+    server = shared_server("--speculation", "auto")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    client.completions.create(model="tiny", prompt=PROMPT, max_tokens=120, temperature=0,
+                              extra_body={"ignore_eos": True})
+    decision = httpx.get(server.url + "/speculation").json()
+    assert decision["mode"] == "auto" and decision["drafting"] in ("open", "closed")
+    row = next(r for r in decision["guard"] if r["batch"] == 1)
+    assert row["open_windows"] >= 1 and row["closed_windows"] >= 1 and row["mode"] in ("open", "closed")
+    text = httpx.get(server.url + "/metrics").text
+    shown = re.search(r'^specdec:speculation_guard_open\{batch="1",model_name="tiny"\} (\S+)$', text, re.M)
+    assert shown and float(shown.group(1)) == (1.0 if row["mode"] == "open" else 0.0)
+    score = re.search(r'^specdec:speculation_guard_score\{batch="1",mode="closed",model_name="tiny"\} (\S+)$',
+                      text, re.M)
+    assert score and float(score.group(1)) == pytest.approx(row["closed_score"])

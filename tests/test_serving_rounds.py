@@ -46,3 +46,15 @@ def test_a_single_round_has_no_round_lines(serving):
     result = {"servers": [{"label": "plain", "runs": [{"concurrency": 1, "output_throughput": 5.0}]},
                           {"label": "auto", "runs": [{"concurrency": 1, "output_throughput": 6.0}]}]}
     assert serving.round_ratio_lines(result) == []
+
+
+def test_the_guard_of_an_auto_server_is_noted_at_its_levels_batch_size(serving):
+    guard = [{"batch": 1, "mode": "open", "open_score": 1.31, "open_windows": 8, "closed_score": 0.97,
+              "closed_windows": 2},
+             {"batch": 16, "mode": "closed", "open_score": 0.93, "open_windows": 3, "closed_score": None,
+              "closed_windows": 0}]
+    run = {"concurrency": 16, "output_throughput": 900.0, "guard": guard}
+    assert serving.guard_note(run, 16) == "; guard at 16: closed (open 0.93 of predicted plain)"
+    assert serving.guard_note(run, 1) == "; guard at 1: open (open 1.31, closed 0.97 of predicted plain)"
+    assert serving.guard_note(run, 4) == ""  # no window scored at 4 in flight
+    assert serving.guard_note({"output_throughput": 1.0, "guard": None}, 1) == ""

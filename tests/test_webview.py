@@ -83,6 +83,7 @@ def test_the_engine_steps_speculation_decision_is_shown(page):
     decision = httpx.get(shared_server("--max-queue", "2").url + "/speculation").json()
     assert (decision["batch_size"], decision["ks"]) == (batch, ks)  # nothing else ran since
     assert page.inner_text("#spec-mode") == "K: each request's own"
+    assert page.inner_text("#spec-drafting") == "–"  # the guard is auto's; this server keeps each request's k
     page.fill("#k", "4")
 
 

@@ -126,6 +126,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        if state.engine.guard is not None:
+            state.metrics.set_guard(state.engine.guard.summary)
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/speculation")
@@ -212,11 +214,13 @@ def _model_card(state: ServerState) -> dict:
 def _decision(state: ServerState) -> dict:
     """The engine's latest speculation decision (what /metrics' speculation gauges show), for the web
     view: the policy, the sequences in the pass, the drafts of each decoding one (by place in the batch)."""
-    decision = state.engine.last_decision
+    decision, guard = state.engine.last_decision, state.engine.guard
     if decision is None:  # no pass yet
-        return {"mode": state.config.speculation.mode, "batch_size": 0, "ks": []}
-    fields = asdict(decision)
-    del fields["request_ids"]  # the engine's own numbering: nothing a client can match
+        fields = {"mode": state.config.speculation.mode, "batch_size": 0, "ks": [], "drafting": None}
+    else:
+        fields = asdict(decision)
+        del fields["request_ids"]  # the engine's own numbering: nothing a client can match
+    fields["guard"] = list(guard.summary) if guard is not None else []
     return fields
 
 

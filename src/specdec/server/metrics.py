@@ -31,6 +31,13 @@ class ServerMetrics:
         self.decided_k = Gauge(m + "speculation_k", "Drafts each decoding sequence of the latest pass verified "
                                "(--speculation auto: chosen per step), by its place in the batch.",
                                labels + ["sequence"], registry=r)
+        self.guard_open = Gauge(m + "speculation_guard_open", "--speculation auto: 1 where the throughput guard lets "
+                                "the policy draft at this batch size, 0 where it holds it to plain steps.",
+                                labels + ["batch"], registry=r)
+        self.guard_score = Gauge(m + "speculation_guard_score", "--speculation auto: the median realized tokens/s "
+                                 "over plain decoding's predicted tokens/s of the guard's recent windows, by "
+                                 "batch size and mode (open: the policy drafts; closed: plain steps).",
+                                 labels + ["batch", "mode"], registry=r)
         self.max_num_seqs = Gauge(m + "max_num_seqs", "Slots: the most sequences one step runs.", labels, registry=r)
         self.kv_cache_bytes = Gauge(m + "kv_cache_bytes", "Bytes of the target's preallocated slot KV cache "
                                     "(0: caches grow per sequence).", labels, registry=r)
@@ -91,6 +98,15 @@ class ServerMetrics:
         self.decided_k.clear()  # only this pass's sequences: the batch changes from step to step
         for place, k in enumerate(decision.ks):
             self.decided_k.labels(self.model, str(place)).set(k)
+
+    def set_guard(self, summary) -> None:
+        """The engine's ThroughputGuard.summary, per batch size (read as /metrics is scraped)."""
+        for row in summary:
+            batch = str(row["batch"])
+            self.guard_open.labels(self.model, batch).set(1 if row["mode"] == "open" else 0)
+            for mode in ("open", "closed"):
+                if row[f"{mode}_score"] is not None:
+                    self.guard_score.labels(self.model, batch, mode).set(row[f"{mode}_score"])
 
     def reject(self, status: int) -> None:
         self.rejected.labels(self.model, str(status)).inc()

@@ -57,6 +57,7 @@
       $("spec-batch").textContent = d.batch_size || "–";
       $("spec-ks").textContent = d.ks.length ? d.ks.join(" ") : "–";
       $("spec-mode").textContent = POLICY[d.mode] || d.mode;
+      $("spec-drafting").textContent = d.drafting || "–";
     } catch (err) {
       // the next poll tries again; the answer stream does not depend on it
     }
