@@ -3,10 +3,11 @@
 #   bash benchmarks/serving.sh              # H200: results under $OUT
 #   bash benchmarks/serving.sh --smoke      # the tiny CPU version, here (also what runs without a GPU)
 #   bash benchmarks/serving.sh --cpu        # the embedded model on this CPU (the README's table)
-# Wheels carried in .whl/ (FastAPI, uvicorn, pydantic: the GPU image lacks them) go to /tmp/site first.
+# Wheels carried in .whl/ (FastAPI, uvicorn, pydantic: the GPU image lacks them) go to /tmp/site first,
+# where the Python at hand cannot import them already.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if compgen -G ".whl/*.whl" > /dev/null; then
+if compgen -G ".whl/*.whl" > /dev/null && ! python3 -c "import fastapi, uvicorn" 2> /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site:src
 else
