@@ -124,7 +124,11 @@ class ThroughputGuard:
         return statistics.median(bucket.scores[OPEN]) / statistics.median(bucket.scores[CLOSED]) - 1
 
     def _bucket(self, num_decoding: int) -> _Bucket:
-        return self._buckets.setdefault(self.bucket_of(num_decoding), _Bucket())
+        size = self.bucket_of(num_decoding)
+        bucket = self._buckets.get(size)  # not setdefault: it would build a bucket every step
+        if bucket is None:
+            bucket = self._buckets[size] = _Bucket()
+        return bucket
 
     def _summarize(self) -> tuple[dict, ...]:
         """Per bucket, by batch size: the mode now, each mode's median score and the windows it reads."""
