@@ -267,12 +267,12 @@ def _interleave(plan: Plan, specs: list[ServerSpec], rounds: int, log, work: Pat
 def guard_note(run: dict, level: int) -> str:
     """An auto server's throughput guard at this level's batch size after the run, e.g.
     "; guard at 16: closed (open 0.95, closed 0.99 of predicted plain)"; "" from other servers."""
-    from specdec.guard import ThroughputGuard
+    from specdec.guard import MODES, ThroughputGuard
 
     row = next((g for g in run.get("guard") or () if g["batch"] == ThroughputGuard.bucket_of(level)), None)
     if row is None:
         return ""
-    scores = ", ".join(f"{m} {row[f'{m}_score']:.2f}" for m in ("open", "closed") if row[f"{m}_score"] is not None)
+    scores = ", ".join(f"{m} {row[f'{m}_score']:.2f}" for m in MODES if row[f"{m}_score"] is not None)
     return f"; guard at {row['batch']}: {row['mode']} ({scores} of predicted plain)"
 
 

@@ -18,6 +18,7 @@ whenever it arrived (rule 6 of the design). A single sequence is a batch of one 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import time
@@ -194,6 +195,16 @@ class _Flight:
         """Every unit a plain step (a verify of no drafts) of a sequence that settles plainly."""
         return all(u.draft is not None and len(u.draft) == 0 and u.seq.settles_plainly for u in self.units)
 
+    @functools.cached_property
+    def ks(self) -> tuple[int, ...]:
+        """The drafts each decoding unit verifies, in batch order."""
+        return tuple(len(u.draft) for u in self.units if u.draft is not None)
+
+    @functools.cached_property
+    def prefill_rows(self) -> tuple[int, ...]:
+        """The rows of its prefill chunks (they share the pass with the verifies)."""
+        return tuple(int(u.tokens.shape[0]) for u in self.units if u.draft is None)
+
 
 class BatchedEngine:
     """Speculative decoding of many sequences at once over a slot model (continuous batching).
@@ -319,16 +330,15 @@ class BatchedEngine:
     def _guard_record(self, flight: _Flight, emitted: list, seconds: float) -> None:
         """A step for the guard: its decoding sequences, the tokens they emitted, and the predicted
         seconds of a plain step of the same batch, prefill chunks included (they share the pass)."""
-        n = sum(u.draft is not None for u in flight.units)
+        n = len(flight.ks)
         if n == 0:
             return  # prefill chunks only: no mode's step
-        prefill_rows = tuple(int(u.tokens.shape[0]) for u in flight.units if u.draft is None)
-        plain = step_seconds(self._verify_cost, (0,) * n, prefill_rows, 0.0)
+        plain = step_seconds(self._verify_cost, (0,) * n, flight.prefill_rows, 0.0)
         self._guard.record(n, sum(len(tokens) for _, tokens, _ in emitted), seconds, plain)
 
     def _drafting(self, num_decoding: int) -> str | None:
         """The guard's mode at this batch size, for StepDecision (None without a guard)."""
-        return None if self._guard is None else ("open" if self._guard.is_open(num_decoding) else "closed")
+        return None if self._guard is None else self._guard.mode_at(num_decoding)
 
     def _launch(self, units: list[_Unit]) -> _Flight:
         """Queue a step: one forward over every unit, then the rule over its verifies."""
@@ -452,11 +462,10 @@ class BatchedEngine:
     def _calibrate(self, flight: _Flight, observed: float) -> None:
         """A step's seconds against the model's prediction for it (StepCalibration); not a step whose
         drafters caught up on unseen text (_time_drafts)."""
-        ks = [len(u.draft) for u in flight.units if u.draft is not None]
+        ks = flight.ks
         if any(ks) and self._caught_up:
             return
-        prefill_rows = [int(u.tokens.shape[0]) for u in flight.units if u.draft is None]
-        predicted = step_seconds(self._verify_cost, ks, prefill_rows, self._draft_cost.per_pass)
+        predicted = step_seconds(self._verify_cost, ks, flight.prefill_rows, self._draft_cost.per_pass)
         self._calibration.record(observed, predicted, any(ks))
 
     def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:

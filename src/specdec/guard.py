@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 OPEN, CLOSED = "open", "closed"
+MODES = (OPEN, CLOSED)  # the order of each mode's first window
 
 
 @dataclass
@@ -76,9 +77,13 @@ class ThroughputGuard:
         """The power of two nearest to the batch size (in log scale)."""
         return 2 ** round(math.log2(max(num_decoding, 1)))
 
+    def mode_at(self, num_decoding: int) -> str:
+        """OPEN or CLOSED: the mode of the current window at this many decoding sequences."""
+        return self._bucket(num_decoding).window.mode
+
     def is_open(self, num_decoding: int) -> bool:
         """Whether the policy may draft in a step of this many decoding sequences."""
-        return self._bucket(num_decoding).window.mode == OPEN
+        return self.mode_at(num_decoding) == OPEN
 
     def record(self, num_decoding: int, tokens: int, seconds: float, plain_seconds: float) -> None:
         """One step: its decoding sequences, the tokens they emitted, its seconds, and the cost
@@ -103,7 +108,7 @@ class ThroughputGuard:
 
     def _next_mode(self, bucket: _Bucket, last: str, seconds: float) -> str:
         bucket.last_seconds[last] = seconds
-        for mode in (OPEN, CLOSED):
+        for mode in MODES:
             if mode not in bucket.scores:
                 return mode  # each mode's first window, open first
         lead = self._lead(bucket)
@@ -138,7 +143,7 @@ class ThroughputGuard:
             if not b.scores:
                 continue  # steps seen, no window scored yet
             row = {"batch": size, "mode": b.window.mode}
-            for mode in (OPEN, CLOSED):
+            for mode in MODES:
                 scores = b.scores.get(mode, ())
                 row[f"{mode}_score"] = round(statistics.median(scores), 4) if scores else None
                 row[f"{mode}_windows"] = len(scores)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from specdec.generation import SpecStats
+from specdec.guard import MODES, OPEN
 
 PREFIX = "specdec:"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -103,8 +104,8 @@ class ServerMetrics:
         """The engine's ThroughputGuard.summary, per batch size (read as /metrics is scraped)."""
         for row in summary:
             batch = str(row["batch"])
-            self.guard_open.labels(self.model, batch).set(1 if row["mode"] == "open" else 0)
-            for mode in ("open", "closed"):
+            self.guard_open.labels(self.model, batch).set(1 if row["mode"] == OPEN else 0)
+            for mode in MODES:
                 if row[f"{mode}_score"] is not None:
                     self.guard_score.labels(self.model, batch, mode).set(row[f"{mode}_score"])
 
