@@ -273,12 +273,17 @@ def test_a_client_that_leaves_while_queued_is_counted(server):
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
             async with http.stream("POST", COMP, json=long_body) as running:
                 assert running.status_code == 200
-                async for line in running.aiter_lines():
+                lines = running.aiter_lines()
+                async for line in lines:
                     if line.startswith("data: {"):
-                        break  # it runs: 149 tokens to go, at K=64
+                        break  # it runs: 149 tokens to go
                 async with http.stream("POST", COMP, json=long_body) as queued:
                     assert queued.status_code == 200  # admitted: it waits behind the running one
-                # ... and its client has left, still waiting
+                # ... and its client has left, still waiting. The running stream is read to its end:
+                # were it closed now too, its slot could free and admit the queued one before the
+                # server saw that client go (then it left while running, not while queued).
+                async for _ in lines:
+                    pass
 
     asyncio.run(main())
     deadline = time.monotonic() + 60
@@ -288,6 +293,31 @@ def test_a_client_that_leaves_while_queued_is_counted(server):
             break
         time.sleep(0.2)
     assert counter(text, "request_abandoned_total") == before + 1
+
+
+def test_a_stream_whose_client_leaves_before_its_first_byte_lets_its_job_go():
+    """The disconnect arrives while the response's headers are being sent: the body's generator
+    never starts (so its own cleanup never runs), yet the job must still leave the queue."""
+    from specdec.server.app import _JobStream
+
+    left, cleaned = [], []
+
+    async def body():
+        try:
+            yield "data: never\n\n"
+        finally:
+            cleaned.append(True)
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        await asyncio.sleep(0.01)  # the headers take a moment to go out
+
+    scope = {"type": "http", "asgi": {"spec_version": "2.3"}}
+    asyncio.run(_JobStream(body(), lambda: left.append(True))(scope, receive, send))
+    assert not cleaned  # what a plain StreamingResponse relied on never ran ...
+    assert left == [True]  # ... and the job was let go all the same
 
 
 # ---- timeouts: idle, slow headers, slow body ------------------------------------------------------

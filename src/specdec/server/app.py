@@ -53,7 +53,8 @@ class ServerConfig:
     max_num_seqs: int = 8  # sequences decoding together: the slot model's slots
     max_model_len: int | None = None  # a slot's positions (None: the target's own context, at most 4096)
     prefill_chunk: int = BatchConfig.prefill_chunk
-    speculation: SpeculationPolicy = SpeculationPolicy()  # K per sequence per step (default: each request's k)
+    speculation: SpeculationPolicy = SpeculationPolicy()  # K per sequence per step (here: each request's k;
+    # `specdec serve` passes its --speculation, auto by default)
 
 
 class ServerState:
@@ -386,7 +387,8 @@ async def _serve(state: ServerState, request: P.SamplingFields, prompt_ids: list
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     if request.stream:
         stream = _sse(state, job, events, rid, chat, request.include_usage)
-        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return _JobStream(stream, lambda: state.worker.leave(job), media_type="text/event-stream",
+                          headers={"Cache-Control": "no-cache"})
     watcher = asyncio.create_task(_cancel_on_disconnect(state, raw, job))
     done: dict[int, DoneEvent] = {}
     try:
@@ -404,6 +406,23 @@ async def _serve(state: ServerState, request: P.SamplingFields, prompt_ids: list
                for i, d in sorted(done.items())]
     build = P.chat_response if chat else P.completion_response
     return build(rid, state.config.model_name, choices, _usage(state, job, [d.stats for d in done.values()]))
+
+
+class _JobStream(StreamingResponse):
+    """A streamed answer that lets its job go however the response ends. The stream's own generator
+    does so too, but only once it has started: a client that leaves between the headers and the
+    first iteration cancels it unstarted, and its job would wait its turn, run, and never count as
+    abandoned."""
+
+    def __init__(self, content, leave: Callable[[], None], **kwargs):
+        super().__init__(content, **kwargs)
+        self._leave = leave
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._leave()  # once more after a normal end: a no-op for a job that is done
 
 
 async def _cancel_on_disconnect(state: ServerState, raw: Request, job: Job, every: float = 0.25) -> None:
