@@ -1,5 +1,8 @@
 """The auto policy's throughput guard: drafting stays allowed at a batch size only while it pays."""
 
+import random
+import statistics
+
 import pytest
 
 from specdec.batching import BatchConfig, BatchedEngine
@@ -20,14 +23,16 @@ class Served:
 
 
 def run_windows(guard: ThroughputGuard, batch: int, windows: int, open_rate: float, closed_rate: float = 1.0,
-                plain_step: float = 0.01, served: Served | None = None) -> list[str]:
+                plain_step: float = 0.01, served: Served | None = None, noise: random.Random | None = None,
+                sigma: float = 0.0) -> list[str]:
     """Feed `windows` windows of steps whose realized tokens per second are open_rate (or closed_rate)
-    times plain decoding's predicted rate, as the guard's mode asks; the mode of each window."""
+    times plain decoding's predicted rate, as the guard's mode asks; the mode of each window. With
+    `noise`, each window's rate is off by a log-normal factor of spread sigma (load moving under it)."""
     modes, served = [], served or Served()
     for _ in range(windows):
         mode = "open" if guard.is_open(batch) else "closed"
         modes.append(mode)
-        rate = open_rate if mode == "open" else closed_rate
+        rate = (open_rate if mode == "open" else closed_rate) * (noise.lognormvariate(0, sigma) if noise else 1.0)
         tokens = 2 * batch if mode == "open" else batch  # drafting steps emit more tokens, and take longer
         scored = guard.summary
         while guard.summary is scored:  # until the window ends (the summary is replaced then)
@@ -73,6 +78,20 @@ def test_exploring_the_trailing_mode_costs_about_its_budget_once_learnt(open_rat
     run_windows(guard, 16, 400, open_rate, served=served)
     realized = served.tokens / served.seconds / (16 / 0.01)  # over plain's predicted rate, as scored
     assert 0.99 * max(open_rate, 1.0) < realized <= max(open_rate, 1.0) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("open_rate", [0.94, 0.97, 1.06])
+def test_noisy_windows_still_keep_throughput_near_the_better_mode(open_rate):
+    """Windows 5 % apart by chance (log-normal) and modes 3-6 % apart: over 300 windows, for each of 10
+    seeds, throughput within 2 % of the better mode's, within 1.2 % on average. Medians of 8 windows
+    hold that; choosing by the latest window of each mode falls below it at 0.94 and 0.97."""
+    realized = []
+    for seed in range(10):
+        served = Served()
+        run_windows(ThroughputGuard(window=32), 16, 300, open_rate, served=served, noise=random.Random(seed),
+                    sigma=0.05)
+        realized.append(served.tokens / served.seconds / (16 / 0.01) / max(open_rate, 1.0))
+    assert min(realized) > 0.98 and statistics.mean(realized) > 0.988
 
 
 def test_a_change_of_load_is_seen_by_exploring():
