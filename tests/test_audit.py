@@ -60,7 +60,9 @@ def models(tmp_path_factory):
 
 
 def start(root, target: str, fault: str, *args: str) -> ServerProcess:
-    return ServerProcess(["--target", target, *args, "-k", "4", "--served-model-name", "tiny", "--threads", "1"],
+    # A fixed K: auto (the default) drafts for no seeded sample, and the audit's samples are seeded.
+    return ServerProcess(["--target", target, *args, "-k", "4", "--speculation", "4", "--served-model-name", "tiny",
+                          "--threads", "1"],
                          root / f"{fault}-{len(list(root.glob('*.log')))}.log",
                          launcher=("-m", "tests.serve_with_fault", fault))
 

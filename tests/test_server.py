@@ -36,7 +36,10 @@ def test_models_and_health(server, client):
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
 
 
-def test_completion_reports_round_statistics(client):
+def test_completion_reports_round_statistics():
+    """On a server that drafts each round (auto may not, on the tiny pair)."""
+    server = shared_server("--speculation", "request")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     out = greedy_completion(client, extra_body={"ignore_eos": True})
     assert out.object == "text_completion" and out.choices[0].finish_reason == "length"
     assert out.usage.completion_tokens == 24

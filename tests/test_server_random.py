@@ -18,8 +18,9 @@ PROMPTS = ["hello there", "Explain how a refrigerator keeps food cold.", "One, t
 @pytest.fixture(scope="module")
 def server():
     tiny_root().mkdir(parents=True, exist_ok=True)
-    proc = ServerProcess(["--target", "random:llama-tiny", "--draft", ORACLE, "-k", "4", "--max-num-seqs", "4",
-                          "--max-model-len", "256"], tiny_root() / "server-random.log").wait_ready()
+    # A fixed K = 4: the acceptance band below is K = 4's (auto's K would follow this machine's timings).
+    proc = ServerProcess(["--target", "random:llama-tiny", "--draft", ORACLE, "-k", "4", "--speculation", "4",
+                          "--max-num-seqs", "4", "--max-model-len", "256"], tiny_root() / "server-random.log").wait_ready()
     yield proc
     proc.stop()
 

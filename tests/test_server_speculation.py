@@ -1,5 +1,6 @@
-"""`specdec serve --speculation auto|K`: the server's K policy reaches the batched engine, answers stay
-the target's (greedy: the same text as the default server), and /metrics shows each step's K."""
+"""`specdec serve --speculation auto|K|request` (auto by default): the server's K policy reaches the
+batched engine, answers stay the target's (greedy: the same text as a server of each request's own k),
+and /metrics shows each step's K."""
 
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ def greedy(server, **extra) -> tuple[str, dict]:
     return out.choices[0].text, out.usage.model_extra["speculative"]
 
 
-@pytest.mark.parametrize("flag, mode, k", [("auto", "auto", 4), ("3", "fixed", 3)])
-def test_a_server_policy_keeps_the_greedy_answer_and_decides_k(flag, mode, k):
-    default, policy = shared_server(), shared_server("--speculation", flag)
+@pytest.mark.parametrize("flags, mode, k", [((), "auto", 4), (("--speculation", "3"), "fixed", 3)])
+def test_a_server_policy_keeps_the_greedy_answer_and_decides_k(flags, mode, k):
+    """auto by default, or a fixed K: the greedy answer of a server that keeps each request's k."""
+    reference, policy = shared_server("--speculation", "request"), shared_server(*flags)
     card = httpx.get(policy.url + "/v1/models").json()["data"][0]["specdec"]
     assert (card["speculation"], card["k"]) == (mode, k)
     text, spec = greedy(policy, k=7)  # a request's own k is not used under a server policy
-    assert text == greedy(default)[0]
+    assert text == greedy(reference)[0]
     assert spec["k"] == k and spec["drafted"] <= k * spec["rounds"]
 
 
@@ -51,8 +53,8 @@ def test_metrics_show_the_latest_steps_batch_and_k_per_sequence():
     assert ks and all(0 <= k <= 3 for k in ks)
 
 
-@pytest.mark.parametrize("flag, policy", [(None, SpeculationPolicy()), ("2", SpeculationPolicy.fixed(2)),
-                                          ("auto", SpeculationPolicy.auto(k_max=3))])
+@pytest.mark.parametrize("flag, policy", [(None, SpeculationPolicy.auto(k_max=3)), ("2", SpeculationPolicy.fixed(2)),
+                                          ("request", SpeculationPolicy())])
 def test_the_flag_reaches_the_batched_engine(flag, policy):
     from specdec.cli import build_parser
     from specdec.commands.serve import build_state
@@ -70,7 +72,7 @@ def test_a_bad_speculation_flag_is_one_line(capsys, value):
 
     assert main(["serve", "--target", "none-needed", "--speculation", value]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--speculation must be auto or a whole number" in err and "\n" not in err
+    assert "--speculation must be auto, request or a whole number" in err and "\n" not in err
 
 
 def test_the_speculation_endpoint_shows_what_the_metrics_show():
@@ -85,7 +87,7 @@ def test_the_speculation_endpoint_shows_what_the_metrics_show():
 def test_the_auto_servers_throughput_guard_is_in_the_endpoint_and_the_metrics():
     """After a long answer (several 32-step windows at one in flight) the guard has scored both modes
     at batch 1, and /speculation and /metrics say where it stands."""
-    server = shared_server("--speculation", "auto")
+    server = shared_server()  # auto: the default
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     client.completions.create(model="tiny", prompt=PROMPT, max_tokens=120, temperature=0,
                               extra_body={"ignore_eos": True})

@@ -1,6 +1,8 @@
 """The speculation policy: K per sequence per step from acceptance and the verify cost (choose_ks),
 and the batched engine under it: K changes how many drafts are verified, never the output."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -356,6 +358,45 @@ def test_a_plain_stretch_looks_at_its_sequences_once_a_fade(tiny_target, monkeyp
     assert engine._steps >= 64 and len(looks) <= engine._steps // 8 + 8  # + the steps where the batch changed
 
 
+def test_auto_prices_no_step_where_no_sequence_can_draft(tiny_target, monkeypatch):
+    """A --draft none server under auto (the default): plain steps, no look at any evidence."""
+    looks = []
+    estimates = AcceptancePool.estimates
+    monkeypatch.setattr(AcceptancePool, "estimates", lambda pool, evidence: looks.append(1) or estimates(pool, evidence))
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)]))
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("none", None, None),
+                           config=BatchConfig(64, policy))
+    config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    handles = [engine.submit(p, config) for p in ([5, 6, 7], [9, 10])]
+    decisions = []
+    while engine.step():
+        decisions.append(engine.last_decision)
+    assert looks == [] and decisions and all(d.mode == "auto" and not any(d.ks) for d in decisions)
+    assert [h.token_ids for h in handles] == [plain(tiny_target, p, config).token_ids for p in ([5, 6, 7], [9, 10])]
+
+
+def test_auto_keeps_a_seeded_sample_its_seeds_whatever_the_batch(tiny_target):
+    """Where drafting pays, auto drafts for greedy and unseeded sequences but not for a seeded sampled
+    one: its sample is plain decoding's with that seed, alone or beside others (rule 6)."""
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)]))
+    seeded = GenerationConfig(max_new_tokens=16, ignore_eos=True, sampling=SamplingParams(1.0, seed=11))
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+
+    def run(companions: int):
+        engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 4), lambda: make_drafter("lookup", None, None),
+                               config=BatchConfig(64, policy))
+        others = [engine.submit([9, 10, 9, 10, 9, 10], GenerationConfig(max_new_tokens=16, ignore_eos=True))
+                  for _ in range(companions)]
+        handle = engine.submit(prompt, seeded)
+        engine.run()
+        return handle, others
+
+    alone, _ = run(0)
+    beside, others = run(3)
+    assert alone.token_ids == beside.token_ids == plain(tiny_target, prompt, seeded).token_ids
+    assert alone.stats.drafted == beside.stats.drafted == 0 and all(o.stats.drafted > 0 for o in others)
+
+
 def test_fixed_mode_overrides_each_request_k(tiny_target):
     first = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
                           config=BatchConfig(speculation=SpeculationPolicy.fixed(3)))
@@ -366,15 +407,19 @@ def test_fixed_mode_overrides_each_request_k(tiny_target):
 
 
 @pytest.mark.parametrize("guard_window", [0, 2])
-def test_sampled_output_under_auto_follows_target_distribution(guard_window):
-    """1500 seeded 2-token answers in 8 slots with a Markov draft; the policy picks 0 or 1 draft, and
-    with a guard of 2-step windows it is also switched on and off every few steps."""
+def test_sampled_output_under_auto_follows_target_distribution(guard_window, monkeypatch):
+    """1500 unseeded 2-token answers in 8 slots with a Markov draft; the policy picks 0 or 1 draft, and
+    with a guard of 2-step windows it is also switched on and off every few steps. Unseeded, since auto
+    drafts for no seeded sample; their "fresh entropy" is a counter here, so the test is repeatable."""
+    entropy = itertools.count(1000)
+    monkeypatch.setattr(SamplingParams, "make_generator",
+                        lambda self, device="cpu": torch.Generator(device=device).manual_seed(next(entropy)))
     costs = VerifyCostTable.from_rows([(1, 1.0), (2, 1.2), (3, 1.9)])
     policy = SpeculationPolicy.auto(k_max=2, verify_cost=costs, guard_window=guard_window)
     engine = BatchedEngine(LoopSlots(lambda: MarkovLM(V, seed=0), 8), lambda: ModelDrafter(MarkovLM(V, seed=1), V),
                            config=BatchConfig(speculation=policy))
-    handles = [engine.submit(PROMPT, GenerationConfig(max_new_tokens=2, sampling=SamplingParams(1.0, seed=i)))
-               for i in range(1500)]
+    handles = [engine.submit(PROMPT, GenerationConfig(max_new_tokens=2, sampling=SamplingParams(1.0)))
+               for _ in range(1500)]
     engine.run()
     counts, origins = {}, set()
     for handle in handles:
@@ -400,8 +445,8 @@ def test_auto_measures_the_verify_cost_of_the_real_target(tiny_target):
 def test_the_speculation_flag_resolves_to_a_policy():
     from specdec.speculation import policy_from_flag
 
-    assert policy_from_flag(None, 4) == SpeculationPolicy()
+    assert policy_from_flag("request", 4) == SpeculationPolicy()
     assert policy_from_flag("auto", 6) == SpeculationPolicy.auto(k_max=6)
     assert policy_from_flag("2", 6) == SpeculationPolicy.fixed(2)
-    with pytest.raises(InvalidRequestError, match="auto or a whole number"):
+    with pytest.raises(InvalidRequestError, match="auto, request or a whole number"):
         policy_from_flag("0", 6)

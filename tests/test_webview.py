@@ -16,6 +16,7 @@ import pytest
 from tests.server_tiny_model import shared_server
 
 CHROMIUM = "/usr/bin/chromium"
+WEB_SERVER = ("--speculation", "3")  # a fixed K: every round drafts, and a seed draws the same sample again
 ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 IMG_DIR = Path(os.environ.get("SPECDEC_SCREENSHOT_DIR") or Path(tempfile.gettempdir()) / "specdec-webview")
@@ -26,7 +27,7 @@ def page():
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip("Debian's chromium is not installed (make install runs scripts/install-chromium.sh as root)")
     sync_api = pytest.importorskip("playwright.sync_api")
-    server = shared_server("--max-queue", "2")
+    server = shared_server(*WEB_SERVER)
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1320, "height": 900})
@@ -74,17 +75,16 @@ def test_the_engine_steps_speculation_decision_is_shown(page):
     import httpx
 
     page.fill("#prompt", "hello what is the draft token")
-    page.fill("#k", "3")
+    page.wait_for_function("document.getElementById('k').disabled", timeout=10_000)  # the server picks K: none sent
     page.fill("#max-tokens", "20")
     page.click("#generate")
     page.wait_for_function("document.body.dataset.done === '1'", timeout=60_000)
     batch, ks = int(page.inner_text("#spec-batch")), [int(k) for k in page.inner_text("#spec-ks").split()]
     assert batch >= 1 and 1 <= len(ks) <= batch and all(0 <= k <= 3 for k in ks)
-    decision = httpx.get(shared_server("--max-queue", "2").url + "/speculation").json()
+    decision = httpx.get(shared_server(*WEB_SERVER).url + "/speculation").json()
     assert (decision["batch_size"], decision["ks"]) == (batch, ks)  # nothing else ran since
-    assert page.inner_text("#spec-mode") == "K: each request's own"
-    assert page.inner_text("#spec-drafting") == "–"  # the guard is auto's; this server keeps each request's k
-    page.fill("#k", "4")
+    assert page.inner_text("#spec-mode") == "K: the server's, fixed"
+    assert page.inner_text("#spec-drafting") == "–"  # the throughput guard is auto's
 
 
 def test_dragging_a_bar_changes_the_distribution(page):

@@ -161,6 +161,14 @@ class _Sequence:
         return self.layers is None and self.config.logprobs is None
 
     @property
+    def auto_may_draft(self) -> bool:
+        """Whether the auto policy may give it drafts: its drafter drafts, and its sample does not
+        hang on a seed (a seeded sample's draws depend on where drafts were verified, and auto's K on
+        the batch: rule 6 keeps such a sequence plain, its sample its seed's alone)."""
+        sampling = self.config.sampling
+        return not self.drafter.drafts_nothing and (sampling.greedy or sampling.seed is None)
+
+    @property
     def next_is_last(self) -> bool:
         """Whether the token of the step in flight is its last by length (context lags that step)."""
         return len(self.context) - len(self.prompt) + 1 >= self.config.max_new_tokens
@@ -454,6 +462,10 @@ class BatchedEngine:
             ks = [s.next_k(policy.k if policy.mode == "fixed" else None) for s in decoding]
             self.last_decision = StepDecision(policy.mode, ids, tuple(ks), len(self._running))
             return ks
+        if not any(s.auto_may_draft for s in decoding):  # nothing to price (a --draft none server)
+            self.last_decision = StepDecision("auto", ids, (0,) * len(decoding), len(self._running),
+                                              drafting=self._drafting(len(decoding)))
+            return [0] * len(decoding)
         plan = self._auto_plan(decoding)
         self.last_decision = StepDecision("auto", ids, plan.ks, len(self._running), plan.predicted_tokens_per_second,
                                           plan.plain_tokens_per_second, self._drafting(len(decoding)))
@@ -483,7 +495,7 @@ class BatchedEngine:
             return self._closed_plan(decoding)
         alphas = self._acceptance.estimates([(s.drafter.name, s.evidence.accepted, s.evidence.judged)
                                              for s in decoding])
-        caps = [0 if s.drafter.drafts_nothing else s.next_k(policy.k) for s in decoding]
+        caps = [s.next_k(policy.k) if s.auto_may_draft else 0 for s in decoding]
         other_rows = self._prefill_rows()
         # The same inputs give the same plan: through a plain stretch only the calibration moves,
         # read to 2 %, so at high load (where the host's time a step is the server's) it is reused.

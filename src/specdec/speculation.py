@@ -307,15 +307,15 @@ class StepCalibration:
         return math.exp(round(math.log(self.factor) / math.log1p(step)) * math.log1p(step))
 
 
-def policy_from_flag(text: str | None, k_max: int) -> SpeculationPolicy:
-    """`--speculation auto|K`: auto picks 0..k_max drafts per sequence per step, K fixes it for every
-    sequence; None keeps each request's own k (SpeculationPolicy())."""
-    if text is None:
-        return SpeculationPolicy()
+def policy_from_flag(text: str, k_max: int) -> SpeculationPolicy:
+    """`--speculation auto|K|request`: auto picks 0..k_max drafts per sequence per step, K fixes it for
+    every sequence, request keeps each request's own k (else k_max; SpeculationPolicy())."""
     if text == "auto":
         return SpeculationPolicy.auto(k_max=k_max)
+    if text == "request":
+        return SpeculationPolicy()
     if not text.isdigit() or int(text) < 1:
-        raise InvalidRequestError(f"--speculation must be auto or a whole number K >= 1, got {text!r}")
+        raise InvalidRequestError(f"--speculation must be auto, request or a whole number K >= 1, got {text!r}")
     return SpeculationPolicy.fixed(int(text))
 
 

@@ -16,11 +16,12 @@ def register(sub) -> None:
                                    "and a web view at / . Up to --max-num-seqs sequences decode together in "
                                    "one batched engine; more wait in a bounded queue.")
     add_model_flags(p)
-    add_k_flag(p, note=" unless a request sets `k`")
-    p.add_argument("--speculation", default=None, metavar="auto|K",
-                   help="K for every sequence, or auto: 0..K (the -k above) per sequence per step, whatever "
-                        "makes the batch fastest (it times the target at start-up); either way a request's "
-                        "`k` is not used (default: each request's `k`, else -k)")
+    add_k_flag(p, note=" (under --speculation auto the most; under request, unless a request sets `k`)")
+    p.add_argument("--speculation", default="auto", metavar="auto|K|request",
+                   help="auto: 0..K (the -k above) drafts per sequence per step, whatever makes the batch "
+                        "fastest (it times the target at start-up); K: that many for every sequence; under "
+                        "either a request's `k` is not used; request: each request's `k`, else -k "
+                        "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),

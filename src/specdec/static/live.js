@@ -29,6 +29,9 @@
       }
       $("k").value = info.k;
       $("k").max = info.max_k || 64;
+      // Under --speculation auto or K the server's policy picks K; only "request" reads a request's k.
+      $("k").disabled = Boolean(info.speculation) && info.speculation !== "request";
+      $("k").title = $("k").disabled ? "the server's --speculation " + info.speculation + " policy picks K" : "";
     } catch (err) {
       showError("could not read /v1/models: " + err);
     }
@@ -100,7 +103,7 @@
       messages: [{ role: "user", content: $("prompt").value }],
       max_tokens: Number($("max-tokens").value),
       temperature: Number($("temperature").value),
-      k: Number($("k").value),
+      ...($("k").disabled ? {} : { k: Number($("k").value) }),
       draft: $("draft").value,
       stream: true,
       stream_options: { include_usage: true },
