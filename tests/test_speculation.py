@@ -359,11 +359,13 @@ def test_a_plain_stretch_looks_at_its_sequences_once_a_fade(tiny_target, monkeyp
 
 
 def test_auto_prices_no_step_where_no_sequence_can_draft(tiny_target, monkeypatch):
-    """A --draft none server under auto (the default): plain steps, no look at any evidence."""
+    """A --draft none server under auto (the default): plain steps, no look at any evidence, and no
+    guard windows (steps where nothing could draft say nothing of drafting against plain steps)."""
     looks = []
     estimates = AcceptancePool.estimates
     monkeypatch.setattr(AcceptancePool, "estimates", lambda pool, evidence: looks.append(1) or estimates(pool, evidence))
-    policy = SpeculationPolicy.auto(k_max=4, verify_cost=VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)]))
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)]),
+                                    guard_window=2)
     engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("none", None, None),
                            config=BatchConfig(64, policy))
     config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
@@ -372,6 +374,7 @@ def test_auto_prices_no_step_where_no_sequence_can_draft(tiny_target, monkeypatc
     while engine.step():
         decisions.append(engine.last_decision)
     assert looks == [] and decisions and all(d.mode == "auto" and not any(d.ks) for d in decisions)
+    assert engine.guard.summary == ()
     assert [h.token_ids for h in handles] == [plain(tiny_target, p, config).token_ids for p in ([5, 6, 7], [9, 10])]
 
 

@@ -339,8 +339,8 @@ class BatchedEngine:
         """A step for the guard: its decoding sequences, the tokens they emitted, and the predicted
         seconds of a plain step of the same batch, prefill chunks included (they share the pass)."""
         n = len(flight.ks)
-        if n == 0:
-            return  # prefill chunks only: no mode's step
+        if n == 0 or not any(u.seq.auto_may_draft for u in flight.units if u.draft is not None):
+            return  # prefill chunks only, or no sequence that could draft: no evidence for either mode
         plain = step_seconds(self._verify_cost, (0,) * n, flight.prefill_rows, 0.0)
         self._guard.record(n, sum(len(tokens) for _, tokens, _ in emitted), seconds, plain)
 
