@@ -16,7 +16,7 @@ the CPU, a few requests a level, tests this script end to end in about a minute.
 README's CPU table: the embedded SmolLM2-135M with its default drafter (`auto`: lookup, then the
 embedded draft model) on this machine's CPU, one torch thread a server.
 
-    bash benchmarks/serving.sh [--smoke | --cpu] [--servers plain,auto] [--rounds R] [--out DIR] [--deadline-s S]
+    bash benchmarks/serving.sh [--smoke | --cpu] [--servers plain,auto] [--levels 16,32] [--rounds R] [--out DIR] [--deadline-s S]
 
 With --rounds R > 1 the chosen servers run side by side instead: all started and warmed first, then
 each level on each server in turn, R times, so that a ratio compares runs minutes apart and the
@@ -37,7 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 
@@ -80,6 +80,14 @@ class Plan:
     def n_at(self, level: int) -> int:
         return dict(zip(self.levels, self.n_per_level))[level]
 
+    def only(self, levels: tuple[int, ...]) -> "Plan":
+        """The same plan at some of its levels (their n unchanged)."""
+        unknown = sorted(set(levels) - set(self.levels))
+        if unknown:
+            raise SystemExit(f"serving: no level {unknown} in this plan; its levels are {list(self.levels)}")
+        kept = [v for v in self.levels if v in levels]
+        return replace(self, levels=tuple(kept), n_per_level=tuple(self.n_at(v) for v in kept))
+
     def servers(self) -> list[ServerSpec]:
         """In order of need, should the deadline cut the run short: plain (every speedup's
         baseline), auto, the server of one sequence at a time, and the fixed K."""
@@ -87,11 +95,16 @@ class Plan:
         # One at a time, throughput does not depend on the concurrency: the first level and the
         # largest up to 16 say so (the issue's target reads batched plain at 16 against this server),
         # with no more requests than that concurrency (they all wait their turn anyway).
-        top = max(v for v in self.levels if v <= 16)
+        top = max((v for v in self.levels if v <= 16), default=self.levels[0])
         return [ServerSpec("plain", self.max_num_seqs, ("--draft", "none")),
                 ServerSpec("auto", self.max_num_seqs, (*spec, "--speculation", "auto")),
                 ServerSpec("one-at-a-time", 1, ("--draft", "none"), tuple(sorted({self.levels[0], top})), top),
                 ServerSpec(f"k{self.k}", self.max_num_seqs, (*spec, "--speculation", str(self.k)))]
+
+    def control(self) -> ServerSpec:
+        """A second plain server (only when --servers names it): plain against itself, whose ratio
+        says what a server's start order and its neighbours on the GPU cost, with no speculation."""
+        return ServerSpec("plain-b", self.max_num_seqs, ("--draft", "none"))
 
 
 # n per level: 8 at concurrency 1, else twice the concurrency (the whole GPU run: about 5 minutes).
@@ -340,13 +353,27 @@ def summary_lines(result: dict) -> list[str]:
     return lines + round_ratio_lines(result)
 
 
+def choose_servers(plan: Plan, names: str | None) -> list[ServerSpec]:
+    """The servers --servers names, started in that order (default: the plan's four, in its order)."""
+    if names is None:
+        return plan.servers()
+    known = {s.label: s for s in [*plan.servers(), plan.control()]}
+    unknown = [n for n in names.split(",") if n not in known]
+    if unknown:
+        raise SystemExit(f"serving: unknown server {', '.join(unknown)}; choose from {', '.join(known)}")
+    return [known[n] for n in names.split(",")]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--smoke", action="store_true", help="the tiny CPU version (also chosen without a GPU)")
     p.add_argument("--cpu", action="store_true", help="the embedded model on this CPU (the README's table)")
     p.add_argument("--servers", default=None,
-                   help="only these of plain, auto, one-at-a-time, k4 (comma-separated; default: all)")
+                   help="these of plain, auto, one-at-a-time, k4 and plain-b (a second plain server: the A/A "
+                        "control), comma-separated, started in that order (default: the first four)")
+    p.add_argument("--levels", default=None,
+                   help="only these of the plan's concurrency levels, comma-separated (default: all)")
     p.add_argument("--out", default="results/gpu-serving", help="where the results go (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=1,
                    help="with more than 1: every server up at once, each level run on each in turn this many "
@@ -377,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
         plan, device = CPU, f"CPU, {os.cpu_count()} cores"
     else:
         plan, device = (GPU, torch.cuda.get_device_name()) if gpu else (SMOKE, "CPU smoke run")
-    chosen = [s for s in plan.servers() if args.servers is None or s.label in args.servers.split(",")]
+    if args.levels:
+        plan = plan.only(tuple(int(v) for v in args.levels.split(",")))
+    chosen = choose_servers(plan, args.servers)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for signum in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT):

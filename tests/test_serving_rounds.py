@@ -58,3 +58,21 @@ def test_the_guard_of_an_auto_server_is_noted_at_its_levels_batch_size(serving):
     assert serving.guard_note(run, 1) == "; guard at 1: open (open 1.31, closed 0.97 of predicted plain)"
     assert serving.guard_note(run, 4) == ""  # no window scored at 4 in flight
     assert serving.guard_note({"output_throughput": 1.0, "guard": None}, 1) == ""
+
+
+def test_servers_start_in_the_order_named_and_plain_b_only_when_named(serving):
+    plan = serving.GPU
+    assert [s.label for s in serving.choose_servers(plan, None)] == ["plain", "auto", "one-at-a-time", "k4"]
+    chosen = serving.choose_servers(plan, "auto,plain,plain-b")
+    assert [s.label for s in chosen] == ["auto", "plain", "plain-b"]
+    assert chosen[2].all_flags == chosen[1].all_flags  # the A/A control: plain again
+    with pytest.raises(SystemExit, match="unknown server fast"):
+        serving.choose_servers(plan, "plain,fast")
+
+
+def test_a_plan_at_some_of_its_levels_keeps_their_n(serving):
+    plan = serving.GPU.only((16, 32))
+    assert plan.levels == (16, 32) and [plan.n_at(v) for v in plan.levels] == [32, 64]
+    assert [s.levels for s in plan.servers() if s.label == "one-at-a-time"] == [(16,)]
+    with pytest.raises(SystemExit, match="no level"):
+        serving.GPU.only((7,))
