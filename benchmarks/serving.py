@@ -364,6 +364,11 @@ def choose_servers(plan: Plan, names: str | None) -> list[ServerSpec]:
     return [known[n] for n in names.split(",")]
 
 
+def concurrency_levels(text: str) -> tuple[int, ...]:
+    """--levels: whole numbers, comma-separated ("16,32")."""
+    return tuple(int(v) for v in text.split(","))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -372,7 +377,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--servers", default=None,
                    help="these of plain, auto, one-at-a-time, k4 and plain-b (a second plain server: the A/A "
                         "control), comma-separated, started in that order (default: the first four)")
-    p.add_argument("--levels", default=None,
+    p.add_argument("--levels", default=None, type=concurrency_levels,
                    help="only these of the plan's concurrency levels, comma-separated (default: all)")
     p.add_argument("--out", default="results/gpu-serving", help="where the results go (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=1,
@@ -405,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         plan, device = (GPU, torch.cuda.get_device_name()) if gpu else (SMOKE, "CPU smoke run")
     if args.levels:
-        plan = plan.only(tuple(int(v) for v in args.levels.split(",")))
+        plan = plan.only(args.levels)
     chosen = choose_servers(plan, args.servers)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
