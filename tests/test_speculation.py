@@ -453,3 +453,20 @@ def test_the_speculation_flag_resolves_to_a_policy():
     assert policy_from_flag("2", 6) == SpeculationPolicy.fixed(2)
     with pytest.raises(InvalidRequestError, match="auto, request or a whole number"):
         policy_from_flag("0", 6)
+
+
+def test_pipelined_seeded_samples_under_auto_never_consult_the_policy(tiny_target, monkeypatch):
+    """Seeded sampled sequences may not draft under auto, so whether the next step may be queued
+    ahead needs no plan either: no look at any evidence, and the tokens of plain decoding."""
+    looks = []
+    estimates = AcceptancePool.estimates
+    monkeypatch.setattr(AcceptancePool, "estimates", lambda pool, evidence: looks.append(1) or estimates(pool, evidence))
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)]))
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
+                           config=BatchConfig(64, policy, pipeline=True))
+    config = GenerationConfig(max_new_tokens=12, ignore_eos=True, sampling=SamplingParams(1.0, seed=5))
+    handles = [engine.submit(p, config) for p in ([5, 6, 7, 5, 6, 7], [9, 10, 9, 10])]
+    engine.run()
+    assert looks == [] and all(h.stats.drafted == 0 for h in handles)
+    assert [h.token_ids for h in handles] == [plain(tiny_target, p, config).token_ids
+                                              for p in ([5, 6, 7, 5, 6, 7], [9, 10, 9, 10])]

@@ -520,11 +520,14 @@ class BatchedEngine:
 
     def _next_step_is_plain(self) -> bool:
         """Whether the step after the one in flight will be plain for every running sequence: always
-        for those that draft nothing; in auto mode, when the policy says K = 0 for all now (the plain
-        step in flight brings no evidence that could change its mind, only a token more each)."""
+        for those that draft nothing; in auto mode, when none may draft (_decide's own shortcut) or the
+        policy says K = 0 for all now (the plain step in flight brings no evidence that could change
+        its mind, only a token more each)."""
         if all(s.drafter.drafts_nothing for s in self._running):
             return True
-        return self.config.speculation.mode == "auto" and not any(self._auto_plan(self._running).ks)
+        if self.config.speculation.mode != "auto":
+            return False
+        return not any(s.auto_may_draft for s in self._running) or not any(self._auto_plan(self._running).ks)
 
     def _settle(self, flight: _Flight) -> list[tuple[_Unit, list[EmittedToken], str | None]]:
         """Read the step (its one wait for the device); each unit whose sequence still runs, with its
