@@ -470,3 +470,20 @@ def test_pipelined_seeded_samples_under_auto_never_consult_the_policy(tiny_targe
     assert looks == [] and all(h.stats.drafted == 0 for h in handles)
     assert [h.token_ids for h in handles] == [plain(tiny_target, p, config).token_ids
                                               for p in ([5, 6, 7, 5, 6, 7], [9, 10, 9, 10])]
+
+
+def test_auto_times_its_drafts_without_waiting_for_the_device(tiny_target, monkeypatch):
+    """The draft cost is read from the drafting's span once the step has settled, never by a wait
+    between drafting and the verify (on a GPU the host queues the verify while the drafts run)."""
+    import specdec.batching as batching
+
+    waits = []
+    monkeypatch.setattr(batching, "_wait_for", lambda device: waits.append(device))
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)]))
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
+                           config=BatchConfig(64, policy))
+    handle = engine.submit([5, 6, 7, 5, 6, 7, 5, 6], GenerationConfig(max_new_tokens=24, ignore_eos=True))
+    engine.run()
+    assert handle.stats.drafted > 0 and handle.stats.rounds > 2
+    assert len(waits) == 1  # the prompt's prefill-only step, whose seconds must be its own
+    assert engine._draft_cost.per_pass > 0  # the drafting steps' spans were read all the same

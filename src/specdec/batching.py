@@ -245,6 +245,8 @@ class BatchedEngine:
         self._latest_plan: StepPlan | None = None
         self._plain_batch: tuple | None = None  # the batch (and fade period) the latest plain plan holds for
         self._caught_up = False  # whether this step's drafting caught a drafter up on unseen text
+        self._draft_span = DeviceSpan(target.device)  # this step's drafting, read after its settle
+        self._draft_passes = 0  # the passes of a drafting still to be recorded (0: none)
         self._steps = 0  # steps run (the auto policy fades each sequence's evidence by them)
         self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
         self._pipeline = target.device.type == "cuda" if config.pipeline is None else config.pipeline
@@ -323,6 +325,9 @@ class BatchedEngine:
             self._ahead = self._launch_ahead(flight)
         emitted = self._settle(flight)
         settled = time.perf_counter()
+        if self._draft_passes:  # the device is past this step's drafting now: its span reads without a wait
+            self._draft_cost.record(self._draft_span.seconds(), self._draft_passes)
+            self._draft_passes = 0
         if self.config.speculation.mode == "auto":
             self._calibrate(flight, settled - start)
         self._leave([unit.seq for unit, _, reason in emitted if reason])
@@ -424,10 +429,14 @@ class BatchedEngine:
         """Every running sequence's unit, in batch order: prefill chunks, and verifies after drafting."""
         decoding = [s for s in self._running if not s.prefilling]
         ks = self._decide(decoding)
-        start = time.perf_counter()
+        timed = any(ks) and self.config.speculation.mode == "auto"
+        if timed:
+            self._draft_span.start()
         drafts = propose_all([s.drafter for s in decoding], [s.context for s in decoding], ks,
                              [s.config.sampling for s in decoding], [s.generator for s in decoding])
-        self._caught_up = any(ks) and self.config.speculation.mode == "auto" and self._time_drafts(decoding, ks, start)
+        if timed:
+            self._draft_span.stop()
+        self._caught_up = timed and self._note_drafts(decoding, ks)
         draft_of = {id(s): d or empty_draft(self.target.device) for s, d in zip(decoding, drafts)}
         units = []
         for seq in self._running:
@@ -439,18 +448,16 @@ class BatchedEngine:
                 units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft))
         return units
 
-    def _time_drafts(self, decoding: list[_Sequence], ks: list[int], start: float) -> bool:
-        """The drafting of this step for the auto policy's draft cost: waited for on the device (a
-        draft model's passes run asynchronously; the verify needs their tokens anyway), and not
-        counted when a drafter caught up on more text than one round leaves unseen (its first draft
-        reads the prompt; after plain steps it reads every token since): that step's seconds are the
+    def _note_drafts(self, decoding: list[_Sequence], ks: list[int]) -> bool:
+        """Whether this step's drafting is the auto policy's draft cost, read from its span once the
+        step has settled (no wait here: the host queues the verify while the draft passes run). Not
+        when a drafter caught up on more text than one round leaves unseen (its first draft reads
+        the prompt; after plain steps it reads every token since): that step's seconds are the
         catching up's, and it is no evidence for the calibration either. Returns whether one did."""
-        _wait_for(self.target.device)
         most_unseen = self.config.speculation.k + 1  # a round's pending token and kept drafts
         drafting = [s for s, k in zip(decoding, ks) if k]
         caught_up = any(s.drafted_upto < 0 or len(s.context) - s.drafted_upto > most_unseen for s in drafting)
-        if not caught_up:
-            self._draft_cost.record(time.perf_counter() - start, max(ks))
+        self._draft_passes = 0 if caught_up else max(ks)
         for seq in drafting:
             seq.drafted_upto = len(seq.context)
         return caught_up
@@ -473,7 +480,7 @@ class BatchedEngine:
 
     def _calibrate(self, flight: _Flight, observed: float) -> None:
         """A step's seconds against the model's prediction for it (StepCalibration); not a step whose
-        drafters caught up on unseen text (_time_drafts)."""
+        drafters caught up on unseen text (_note_drafts)."""
         ks = flight.ks
         if any(ks) and self._caught_up:
             return
@@ -618,6 +625,35 @@ class BatchedEngine:
 
     def _tensor(self, ids: list[int]) -> torch.Tensor:
         return token_tensor(ids, self.target.device)
+
+
+class DeviceSpan:
+    """Seconds between two points of the work queued on a device, read once the device is past the
+    second without waiting there: CUDA events on a GPU (the host goes on queuing while the work
+    runs), the host's clock on a CPU (its work has run by the time it is queued)."""
+
+    def __init__(self, device: torch.device):
+        self._marks = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) \
+            if device.type == "cuda" else None
+        self._started = self._seconds = 0.0
+
+    def start(self) -> None:
+        if self._marks is None:
+            self._started = time.perf_counter()
+        else:
+            self._marks[0].record()
+
+    def stop(self) -> None:
+        if self._marks is None:
+            self._seconds = time.perf_counter() - self._started
+        else:
+            self._marks[1].record()
+
+    def seconds(self) -> float:
+        if self._marks is None:
+            return self._seconds
+        self._marks[1].synchronize()  # at once where the device is past it already
+        return self._marks[0].elapsed_time(self._marks[1]) / 1000.0
 
 
 def _wait_for(device: torch.device) -> None:
