@@ -37,7 +37,7 @@ def run_windows(guard: ThroughputGuard, batch: int, windows: int, open_rate: flo
         scored = guard.summary
         while guard.summary is scored:  # until the window ends (the summary is replaced then)
             seconds = tokens / (rate * batch / plain_step)
-            guard.record(batch, tokens, seconds, plain_step)
+            guard.record(batch, batch, tokens, seconds, plain_step)
             served.tokens += tokens
             served.seconds += seconds
     return modes
@@ -114,15 +114,15 @@ def test_buckets_decide_apart_and_a_batch_one_smaller_stays_in_its_bucket():
 
 def test_a_windows_first_step_and_steps_with_no_sequences_or_no_time_are_not_scored():
     guard = ThroughputGuard(window=2)
-    guard.record(0, 0, 0.01, 0.01)
-    guard.record(3, 3, 0.0, 0.01)
+    guard.record(0, 0, 0, 0.01, 0.01)
+    guard.record(3, 3, 3, 0.0, 0.01)
     assert guard.summary == ()
-    guard.record(4, 400, 0.01, 0.01)  # the open window's first step: a switch's cost, unscored
-    guard.record(4, 8, 0.01, 0.01)
-    guard.record(4, 8, 0.01, 0.01)
+    guard.record(4, 4, 400, 0.01, 0.01)  # the open window's first step: a switch's cost, unscored
+    guard.record(4, 4, 8, 0.01, 0.01)
+    guard.record(4, 4, 8, 0.01, 0.01)
     assert guard.summary[0]["open_score"] == pytest.approx(2.0) and not guard.is_open(4)
-    guard.record(4, 4, 0.1, 0.01)  # the closed window (1 step): its first step unscored, then one
-    guard.record(4, 4, 0.02, 0.01)
+    guard.record(4, 4, 4, 0.1, 0.01)  # the closed window (1 step): its first step unscored, then one
+    guard.record(4, 4, 4, 0.02, 0.01)
     assert guard.summary[0]["closed_score"] == pytest.approx(0.5) and guard.is_open(4)
     with pytest.raises(ValueError, match="window"):
         ThroughputGuard(window=0)
@@ -184,3 +184,20 @@ def test_no_guard_leaves_the_plans_to_the_model(tiny_target):
     [engine.submit(p, CONFIG) for p in PROMPTS]
     decisions = stepped(engine)
     assert engine.guard is None and all(d.drafting is None for d in decisions)
+
+
+def test_a_batch_still_filling_is_judged_at_its_load_not_at_its_few_decoding_sequences(tiny_target):
+    """While newcomers prefill, the sequences already decoding are a step of the load they share it
+    with: drafting for them would hold the newcomers' prefill up. Drafting pays alone here (load 1)
+    and loses at load 2, so a sequence decoding beside one still prefilling decodes plainly."""
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=CHEAP_ROWS, guard_window=64)
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
+                           config=BatchConfig(2, policy))  # prefill chunks of 2 tokens: a long prompt takes steps
+    run_windows(engine.guard, 1, 2, open_rate=2.0)
+    run_windows(engine.guard, 2, 2, open_rate=0.5)
+    short, long = PROMPTS[0][:3], [9, 10, 11] * 6
+    handles = [engine.submit(p, CONFIG) for p in (short, long)]
+    decisions = stepped(engine)
+    filling = [d for d in decisions if d.batch_size == 2 and len(d.ks) == 1]  # the long one still prefilling
+    assert len(filling) >= 4 and all(d.drafting == "closed" and d.ks == (0,) for d in filling)
+    assert [h.token_ids for h in handles] == [plain(tiny_target, p, CONFIG).token_ids for p in (short, long)]

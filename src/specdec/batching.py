@@ -330,6 +330,7 @@ class BatchedEngine:
             self._draft_passes = 0
         if self.config.speculation.mode == "auto":
             self._calibrate(flight, settled - start)
+        load = self._load  # before any leave: the load the step ran at
         self._leave([unit.seq for unit, _, reason in emitted if reason])
         phases = (drafted - start, settled - drafted, time.perf_counter() - settled)
         for unit, tokens, reason in emitted:
@@ -337,21 +338,27 @@ class BatchedEngine:
             unit.seq.handle.finish_reason = reason
             unit.seq.handle._emit(tokens, finished=reason is not None)  # listeners' time is not ours
         if self._guard is not None:
-            self._guard_record(flight, emitted, time.perf_counter() - start)
+            self._guard_record(flight, emitted, time.perf_counter() - start, load)
         return self.busy
 
-    def _guard_record(self, flight: _Flight, emitted: list, seconds: float) -> None:
-        """A step for the guard: its decoding sequences, the tokens they emitted, and the predicted
-        seconds of a plain step of the same batch, prefill chunks included (they share the pass)."""
+    def _guard_record(self, flight: _Flight, emitted: list, seconds: float, load: int) -> None:
+        """A step for the guard: the load it ran at, its decoding sequences, the tokens they emitted,
+        and the predicted seconds of a plain step of the same batch, prefill chunks included (they
+        share the pass)."""
         n = len(flight.ks)
         if n == 0 or not any(u.seq.auto_may_draft for u in flight.units if u.draft is not None):
             return  # prefill chunks only, or no sequence that could draft: no evidence for either mode
         plain = step_seconds(self._verify_cost, (0,) * n, flight.prefill_rows, 0.0)
-        self._guard.record(n, sum(len(tokens) for _, tokens, _ in emitted), seconds, plain)
+        self._guard.record(load, n, sum(len(tokens) for _, tokens, _ in emitted), seconds, plain)
 
-    def _drafting(self, num_decoding: int) -> str | None:
-        """The guard's mode at this batch size, for StepDecision (None without a guard)."""
-        return None if self._guard is None else self._guard.mode_at(num_decoding)
+    @property
+    def _load(self) -> int:
+        """The sequences the engine holds, decoding, prefilling or waiting: the guard's key."""
+        return len(self._running) + len(self._waiting)
+
+    def _drafting(self) -> str | None:
+        """The guard's mode at the load now, for StepDecision (None without a guard)."""
+        return None if self._guard is None else self._guard.mode_at(self._load)
 
     def _launch(self, units: list[_Unit]) -> _Flight:
         """Queue a step: one forward over every unit, then the rule over its verifies."""
@@ -392,7 +399,7 @@ class BatchedEngine:
         units = [_Unit(seq, flight.rule.next_token_of(i), self._no_draft) for i, seq in running]
         policy = self.config.speculation
         self.last_decision = StepDecision(policy.mode, tuple(s.handle.request_id for _, s in running),
-                                          (0,) * len(units), len(units), drafting=self._drafting(len(units)))
+                                          (0,) * len(units), len(units), drafting=self._drafting())
         return self._launch(units)
 
     def _drop_cancelled(self) -> None:
@@ -471,11 +478,11 @@ class BatchedEngine:
             return ks
         if not any(s.auto_may_draft for s in decoding):  # nothing to price (a --draft none server)
             self.last_decision = StepDecision("auto", ids, (0,) * len(decoding), len(self._running),
-                                              drafting=self._drafting(len(decoding)))
+                                              drafting=self._drafting())
             return [0] * len(decoding)
         plan = self._auto_plan(decoding)
         self.last_decision = StepDecision("auto", ids, plan.ks, len(self._running), plan.predicted_tokens_per_second,
-                                          plan.plain_tokens_per_second, self._drafting(len(decoding)))
+                                          plan.plain_tokens_per_second, self._drafting())
         return list(plan.ks)
 
     def _calibrate(self, flight: _Flight, observed: float) -> None:
@@ -498,7 +505,7 @@ class BatchedEngine:
         batch = (tuple(s.handle.request_id for s in decoding), self._steps // (policy.evidence_half_life // 2))
         if batch == self._plain_batch and len(decoding) == len(self._running):
             return self._latest_plan
-        if self._guard is not None and not self._guard.is_open(len(decoding)):
+        if self._guard is not None and not self._guard.is_open(self._load):
             return self._closed_plan(decoding)
         alphas = self._acceptance.estimates([(s.drafter.name, s.evidence.accepted, s.evidence.judged)
                                              for s in decoding])

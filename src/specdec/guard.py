@@ -1,4 +1,4 @@
-"""The auto policy's check on itself: drafting stays allowed at a batch size only while it pays.
+"""The auto policy's check on itself: drafting stays allowed at a load only while it pays.
 
 The auto policy prices each step by a model (the verify-cost table, the drafter's cost, the
 calibration of drafting steps against plain ones) and speculates where the model predicts a gain.
@@ -6,9 +6,12 @@ Where the model misprices (a host cost it does not see, a drafter whose cost gro
 timing misses, the pipelining that only plain steps get), a plan predicted to win can lose. The
 guard does not predict; it measures what the server delivers.
 
-The engine's steps are grouped by batch size into buckets (the nearest power of two of the decoding
-sequences: 3-5 is 4, 12-22 is 16), so that a batch that shrinks by one as a sequence ends stays in
-its bucket. Each bucket runs windows, each either open (the policy chooses K per sequence, 0
+The engine's steps are grouped by load into buckets: the nearest power of two of the sequences in
+the engine (3-5 is 4, 12-22 is 16), so that a batch that shrinks by one as a sequence ends stays in
+its bucket. The load counts every sequence the engine holds, decoding, prefilling or waiting for a
+slot: while a batch fills up (a wave of requests arriving, most of them still prefilling) its few
+decoding sequences are a step of the load it is about to be, and drafting for them would hold up
+the newcomers' prefill. Each bucket runs windows, each either open (the policy chooses K per sequence, 0
 included: `window` steps) or closed (every K = 0, plain steps, which pipeline: half as many, since
 a plain step's tokens do not vary and only its seconds do). A window's score is its realized tokens
 per second over what the cost table predicts plain decoding of the same batches gives, so windows
@@ -60,7 +63,7 @@ class _Bucket:
 
 
 class ThroughputGuard:
-    """Whether drafting is allowed at each batch size (module docstring). window: steps per open
+    """Whether drafting is allowed at each load (module docstring). window: steps per open
     window (a closed one: half, at least 1), each window's first step left out; memory: windows of
     each mode whose median scores it; budget: the share of throughput that exploring the trailing
     mode may cost; max_ratio: the most seconds the leader runs per second of the trailer's."""
@@ -73,25 +76,25 @@ class ThroughputGuard:
         self.summary: tuple[dict, ...] = ()  # replaced whole as a window ends: other threads may read it
 
     @staticmethod
-    def bucket_of(num_decoding: int) -> int:
-        """The power of two nearest to the batch size (in log scale)."""
-        return 2 ** round(math.log2(max(num_decoding, 1)))
+    def bucket_of(load: int) -> int:
+        """The power of two nearest to the load (in log scale)."""
+        return 2 ** round(math.log2(max(load, 1)))
 
-    def mode_at(self, num_decoding: int) -> str:
-        """OPEN or CLOSED: the mode of the current window at this many decoding sequences."""
-        return self._bucket(num_decoding).window.mode
+    def mode_at(self, load: int) -> str:
+        """OPEN or CLOSED: the mode of the current window at this load (sequences in the engine)."""
+        return self._bucket(load).window.mode
 
-    def is_open(self, num_decoding: int) -> bool:
-        """Whether the policy may draft in a step of this many decoding sequences."""
-        return self.mode_at(num_decoding) == OPEN
+    def is_open(self, load: int) -> bool:
+        """Whether the policy may draft in a step at this load."""
+        return self.mode_at(load) == OPEN
 
-    def record(self, num_decoding: int, tokens: int, seconds: float, plain_seconds: float) -> None:
-        """One step: its decoding sequences, the tokens they emitted, its seconds, and the cost
-        table's seconds of a plain step of the same batch (prefill chunks in the pass included). A
-        window that fills up is scored and the next one's mode is chosen."""
+    def record(self, load: int, num_decoding: int, tokens: int, seconds: float, plain_seconds: float) -> None:
+        """One step: the load it ran at, its decoding sequences, the tokens they emitted, its seconds,
+        and the cost table's seconds of a plain step of the same batch (prefill chunks in the pass
+        included). A window that fills up is scored and the next one's mode is chosen."""
         if num_decoding < 1 or seconds <= 0 or plain_seconds <= 0:
             return
-        bucket = self._bucket(num_decoding)
+        bucket = self._bucket(load)
         w = bucket.window
         if w.skip:
             w.skip -= 1
@@ -128,15 +131,15 @@ class ThroughputGuard:
         """How much the open mode's median score beats the closed one's (negative: it trails)."""
         return statistics.median(bucket.scores[OPEN]) / statistics.median(bucket.scores[CLOSED]) - 1
 
-    def _bucket(self, num_decoding: int) -> _Bucket:
-        size = self.bucket_of(num_decoding)
+    def _bucket(self, load: int) -> _Bucket:
+        size = self.bucket_of(load)
         bucket = self._buckets.get(size)  # not setdefault: it would build a bucket every step
         if bucket is None:
             bucket = self._buckets[size] = _Bucket()
         return bucket
 
     def _summarize(self) -> tuple[dict, ...]:
-        """Per bucket, by batch size: the mode now, each mode's median score and the windows it reads."""
+        """Per bucket, by load (its key is named batch): the mode now, each mode's median score and the windows it reads."""
         out = []
         for size in sorted(self._buckets):
             b = self._buckets[size]
