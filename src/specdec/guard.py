@@ -19,10 +19,13 @@ under different loads compare. A window's first step is not scored: it pays the 
 model catching up on the plain steps' tokens, a plain step that could not be queued ahead), which
 the mode that runs steadily does not. The mode with the better median score over its latest
 `memory` windows runs. The other one runs a window again once the leader has run long enough that
-exploring costs at most `budget` of throughput: a trailer behind by a fraction g gets a share of
-the time of budget / g (all of it while g <= budget; at least 1 / (1 + max_ratio)), so a change
-in load or in acceptance is seen. Both modes emit the target's tokens: the guard only changes how
-fast they come.
+exploring costs at most `budget` of throughput, so a change in load or in acceptance is seen. An
+exploration costs the trailer's window (behind by a fraction g) and the two switches, into the
+trailer and back, each measured as the first step of a window that follows the other mode beyond
+its window's mean step; without switch costs a trailer gets a share of the time of budget / g
+(all of it while g <= budget), and at least 1 / (1 + max_ratio) in any case. Between two modes
+that score alike the switches are the whole cost, and a catching-up draft model makes them dear.
+Both modes emit the target's tokens: the guard only changes how fast they come.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ class _Window:
     """The steps of one bucket's current window."""
 
     mode: str
+    switched: bool = False  # it follows a window of the other mode: its first step pays the switch
     skip: int = 1  # first steps left unscored (the switch's)
+    first_seconds: float = 0.0  # the unscored first step's
     steps: int = 0
     tokens: int = 0
     sequences: int = 0  # sum over its steps of the decoding sequences: the tokens plain steps give
@@ -58,6 +63,7 @@ class _Bucket:
     scores: dict[str, deque] = field(default_factory=dict)
     window: _Window = field(default_factory=lambda: _Window(OPEN))
     last_seconds: dict[str, float] = field(default_factory=dict)  # each mode's latest window's seconds
+    switch_seconds: dict[str, float] = field(default_factory=dict)  # the latest switch into each mode: extra seconds
     leader: str | None = None
     leader_seconds: float = 0.0  # the leader's seconds since the trailing mode last ran
 
@@ -98,6 +104,7 @@ class ThroughputGuard:
         w = bucket.window
         if w.skip:
             w.skip -= 1
+            w.first_seconds = seconds
             return
         w.steps += 1
         w.tokens += tokens
@@ -106,7 +113,10 @@ class ThroughputGuard:
         w.plain_seconds += plain_seconds
         if w.steps >= (self.window if w.mode == OPEN else max(1, self.window // 2)):
             bucket.scores.setdefault(w.mode, deque(maxlen=self.memory)).append(w.score())
-            bucket.window = _Window(self._next_mode(bucket, w.mode, w.seconds))
+            if w.switched:  # its first step beyond its mean step: what switching into its mode cost
+                bucket.switch_seconds[w.mode] = max(0.0, w.first_seconds - w.seconds / w.steps)
+            mode = self._next_mode(bucket, w.mode, w.seconds)
+            bucket.window = _Window(mode, switched=mode != w.mode)
             self.summary = self._summarize()
 
     def _next_mode(self, bucket: _Bucket, last: str, seconds: float) -> str:
@@ -121,10 +131,13 @@ class ThroughputGuard:
             bucket.leader, bucket.leader_seconds = leader, 0.0
             return leader
         bucket.leader_seconds += seconds
-        # The trailer's window costs its seconds times the lead; spread over leader + trailer time
-        # that is the budget when the leader runs lead / budget - 1 times the trailer's seconds.
-        ratio = min(self.max_ratio, max(0.0, abs(lead) / self.budget - 1))
-        return trailer if bucket.leader_seconds >= ratio * bucket.last_seconds[trailer] else leader
+        # Exploring costs the trailer's window's seconds times the lead, plus the switches into the
+        # trailer and back (a draft model catching up on the plain steps' text is one); spread over
+        # leader + trailer time that is the budget once the leader has run cost / budget - trailer.
+        trailing = bucket.last_seconds[trailer]
+        cost = abs(lead) * trailing + bucket.switch_seconds.get(trailer, 0.0) + bucket.switch_seconds.get(leader, 0.0)
+        wait = min(self.max_ratio * trailing, max(0.0, cost / self.budget - trailing))
+        return trailer if bucket.leader_seconds >= wait else leader
 
     @staticmethod
     def _lead(bucket: _Bucket) -> float:
