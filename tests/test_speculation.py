@@ -67,6 +67,15 @@ def test_caps_bound_k_and_prefill_rows_count_as_cost():
     assert step_seconds(GPU_LIKE, [3], [200], 0.0) > alone
 
 
+def test_sequences_prefilling_in_the_pass_count_as_the_tokens_their_time_is_worth():
+    """Drafting that pays for a sequence alone does not pay while its draft passes would hold up ten
+    newcomers' prefill: each prefilling sequence counts as the token a plain step gives it."""
+    assert choose_ks([0.8], [4], GPU_LIKE, draft_per_pass=3e-3).ks[0] > 0
+    newcomers = choose_ks([0.8], [4], GPU_LIKE, draft_per_pass=3e-3, other_rows=[8] * 10)
+    assert newcomers.ks == (0,) and newcomers.predicted_tokens == 1.0
+    assert choose_ks([0.8], [4], GPU_LIKE, draft_per_pass=0.0, other_rows=[8] * 10).ks[0] > 0  # free drafts still pay
+
+
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 0.7, 0.99])
 @pytest.mark.parametrize("batch", [1, 3, 16, 64])
 @pytest.mark.parametrize("draft_cost", [0.0, 1e-3, 10e-3])

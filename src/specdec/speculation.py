@@ -361,14 +361,16 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     split gives the D drafts of largest gain among those with j <= m, whoever they belong to, and
     the plan is the best over m = 1 .. max(caps) and D, against the plain step (D = 0): the exact
     optimum under the model, whatever shape the measured cost has (on a CPU a pass of 5 rows may
-    cost less than one of 1). other_rows: the rows of prefill chunks sharing the pass (they cost
-    time and yield no tokens). drafting_factor: what a drafting step's seconds are multiplied by
+    cost less than one of 1). other_rows: the rows of each prefill chunk sharing the pass; they cost
+    time, and each of their sequences counts as the one token a plain step gives a sequence: its
+    time is worth what it will decode, and drafting for the others holds its prefill up (a wave of
+    requests, most still prefilling, is no batch of a few). drafting_factor: what a drafting step's seconds are multiplied by
     (StepCalibration). A plan predicted less than min_gain above plain's rate gives way to the
     plain step."""
-    n = len(alphas)
+    n, filling = len(alphas), len(other_rows)
     verify = _seconds_with(cost, n, np.arange(sum(caps) + 1), 0, other_rows, 0.0)  # [D + 1]: every total, once
     plain = float(verify[0])
-    best = (n / plain * (1 + min_gain) * (1 + 1e-9), None)  # (rate to beat, plan)
+    best = ((n + filling) / plain * (1 + min_gain) * (1 + 1e-9), None)  # (worth a second to beat, plan)
     for m in range(1, max(caps, default=0) + 1):
         capped = np.minimum(caps, m)
         owner = np.repeat(np.arange(n), capped)  # one entry per possible draft: its sequence, its place j
@@ -377,10 +379,11 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
         order = np.argsort(-gains, kind="stable")
         tokens = n + np.cumsum(gains[order])
         seconds = (verify[1:owner.size + 1] + draft_per_pass * m) * drafting_factor
-        d = int(np.argmax(tokens / seconds))  # the first of equals: the fewest drafts
-        if tokens[d] / seconds[d] > best[0]:
+        worth = (tokens + filling) / seconds
+        d = int(np.argmax(worth))  # the first of equals: the fewest drafts
+        if worth[d] > best[0]:
             ks = np.bincount(owner[order[:d + 1]], minlength=n)
-            best = (tokens[d] / seconds[d] * (1 + 1e-9), StepPlan(tuple(int(k) for k in ks), float(tokens[d]),
+            best = (worth[d] * (1 + 1e-9), StepPlan(tuple(int(k) for k in ks), float(tokens[d]),
                                                                   float(seconds[d]), plain))
     return best[1] or StepPlan((0,) * n, float(n), plain, plain)
 
