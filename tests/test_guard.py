@@ -220,3 +220,21 @@ def test_a_batch_still_filling_is_judged_at_its_load_not_at_its_few_decoding_seq
     filling = [d for d in decisions if d.batch_size == 2 and len(d.ks) == 1]  # the long one still prefilling
     assert len(filling) >= 4 and all(d.drafting == "closed" and d.ks == (0,) for d in filling)
     assert [h.token_ids for h in handles] == [plain(tiny_target, p, CONFIG).token_ids for p in (short, long)]
+
+
+def test_steps_with_prefill_chunks_are_not_scored(tiny_target, monkeypatch):
+    """The guard scores decoding steps only: a pass that carries a prefill chunk is priced by the
+    table's extrapolation, which would weigh in a window's score by how many such steps it holds."""
+    recorded = []
+    record = ThroughputGuard.record
+    monkeypatch.setattr(ThroughputGuard, "record", lambda guard, *step: recorded.append(step) or record(guard, *step))
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=CHEAP_ROWS, guard_window=2)
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
+                           config=BatchConfig(2, policy))  # chunks of 2 tokens: the long prompt takes steps
+    handles = [engine.submit(p, CONFIG) for p in (PROMPTS[0][:3], [9, 10, 11] * 6)]
+    decisions = stepped(engine)
+    decoding_only = [d for d in decisions if d.ks and len(d.ks) == d.batch_size]
+    assert any(len(d.ks) < d.batch_size for d in decisions if d.ks)  # one decoded beside a prefill
+    assert len(recorded) == len(decoding_only) > 0
+    assert [h.token_ids for h in handles] == [plain(tiny_target, p, CONFIG).token_ids
+                                              for p in (PROMPTS[0][:3], [9, 10, 11] * 6)]

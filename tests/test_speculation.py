@@ -17,8 +17,9 @@ from specdec.errors import InvalidRequestError
 from specdec.models.slots import LoopSlots
 from specdec.sampling import SamplingParams
 from specdec.speedup import expected_tokens_per_round
-from specdec.speculation import (AcceptancePool, SpeculationPolicy, VerifyCostTable, choose_ks, measure_verify_cost,
-                                 step_seconds)
+from specdec.guard import ThroughputGuard
+from specdec.speculation import (AcceptancePool, DraftCost, SpeculationPolicy, VerifyCostTable, choose_ks,
+                                 measure_verify_cost, step_seconds)
 from tests.markov import MarkovLM
 from tests.test_batching import make_drafter, mixed_requests, plain, run_arriving
 from tests.test_exactness import HOT, PROMPT, V, exact_joint, goodness_of_fit
@@ -421,8 +422,9 @@ def test_fixed_mode_overrides_each_request_k(tiny_target):
 @pytest.mark.parametrize("guard_window", [0, 2])
 def test_sampled_output_under_auto_follows_target_distribution(guard_window, monkeypatch):
     """1500 unseeded 2-token answers in 8 slots with a Markov draft; the policy picks 0 or 1 draft, and
-    with a guard of 2-step windows it is also switched on and off every few steps. Unseeded, since auto
-    drafts for no seeded sample; their "fresh entropy" is a counter here, so the test is repeatable."""
+    with a guard its mode is switched every few steps (forced: almost every step here carries a
+    newcomer's prefill, which the guard does not score). Unseeded, since auto drafts for no seeded
+    sample; their "fresh entropy" is a counter here, so the test is repeatable."""
     entropy = itertools.count(1000)
     monkeypatch.setattr(SamplingParams, "make_generator",
                         lambda self, device="cpu": torch.Generator(device=device).manual_seed(next(entropy)))
@@ -430,6 +432,9 @@ def test_sampled_output_under_auto_follows_target_distribution(guard_window, mon
     policy = SpeculationPolicy.auto(k_max=2, verify_cost=costs, guard_window=guard_window)
     engine = BatchedEngine(LoopSlots(lambda: MarkovLM(V, seed=0), 8), lambda: ModelDrafter(MarkovLM(V, seed=1), V),
                            config=BatchConfig(speculation=policy))
+    modes = []  # the guard's mode at each look: closed for three steps, open for three
+    monkeypatch.setattr(ThroughputGuard, "mode_at",
+                        lambda guard, load: modes.append(("open", "closed")[engine._steps // 3 % 2]) or modes[-1])
     handles = [engine.submit(PROMPT, GenerationConfig(max_new_tokens=2, sampling=SamplingParams(1.0)))
                for _ in range(1500)]
     engine.run()
@@ -440,7 +445,7 @@ def test_sampled_output_under_auto_follows_target_distribution(guard_window, mon
     assert goodness_of_fit(counts, exact_joint(MarkovLM(V, seed=0), HOT, n_tokens=2)) > 1e-3
     assert Origin.ACCEPTED in origins
     if guard_window:
-        assert sum(row["open_windows"] + row["closed_windows"] for row in engine.guard.summary) >= 4
+        assert modes.count("closed") >= 100 and modes.count("open") >= 100
 
 
 def test_auto_measures_the_verify_cost_of_the_real_target(tiny_target):
@@ -496,3 +501,37 @@ def test_auto_times_its_drafts_without_waiting_for_the_device(tiny_target, monke
     assert handle.stats.drafted > 0 and handle.stats.rounds > 2
     assert len(waits) == 1  # the prompt's prefill-only step, whose seconds must be its own
     assert engine._draft_cost.per_pass > 0  # the drafting steps' spans were read all the same
+    assert engine._draft_cost._per_unseen.median is not None  # the first draft caught up on the prompt
+
+
+def test_catching_up_is_priced_per_token_beyond_the_passes():
+    cost = DraftCost(prior=1e-3)
+    assert cost.per_unseen_token == 0.0  # nothing seen: no entry costs
+    cost.record(2e-3, 2)
+    cost.record_catch_up(seconds=5e-3, passes=2, unseen=30)  # 3 ms beyond two passes of 1 ms
+    assert cost.per_unseen_token == pytest.approx(1e-4) and cost.per_pass == pytest.approx(1e-3)
+
+
+def test_a_sequence_that_must_catch_up_drafts_only_where_the_catch_up_pays():
+    """Drafting now and then, a sequence pays its drafter's catch-up on the text it has not seen
+    each time: an entry cost of the plan, so a marginal draft gives way to it while a caught-up
+    sequence of the same batch still drafts, and a dear one keeps the sequence plain."""
+    assert choose_ks([0.8, 0.8], [4, 4], GPU_LIKE, 1e-3).ks == (4, 4)
+    assert choose_ks([0.8, 0.8], [4, 4], GPU_LIKE, 1e-3, entry=[0.0, 30e-3]).ks == (4, 0)
+    assert choose_ks([0.8, 0.8], [4, 4], GPU_LIKE, 1e-3, entry=[30e-3, 30e-3]).ks == (0, 0)
+    assert choose_ks([0.9, 0.5], [4, 4], GPU_LIKE, 1e-3, entry=[30e-3, 0.0]).ks == (0, 1)  # without the best one
+
+
+@pytest.mark.parametrize("catch_up_per_token", [0.0, 10.0])
+def test_the_engine_prices_catching_up_from_what_it_has_timed(tiny_target, monkeypatch, catch_up_per_token):
+    """With catching up measured dear, a sequence whose drafter has read none of its text stays plain;
+    measured free, it drafts (verify rows almost free here). The tokens are plain decoding's either way."""
+    monkeypatch.setattr(DraftCost, "per_unseen_token", property(lambda cost: catch_up_per_token))
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)]))
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
+                           config=BatchConfig(64, policy))
+    config = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    handle = engine.submit([5, 6, 7, 5, 6, 7, 5, 6], config)
+    engine.run()
+    assert (handle.stats.drafted == 0) == (catch_up_per_token > 0)
+    assert handle.token_ids == plain(tiny_target, [5, 6, 7, 5, 6, 7, 5, 6], config).token_ids

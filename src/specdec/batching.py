@@ -173,11 +173,15 @@ class _Sequence:
         """Whether the token of the step in flight is its last by length (context lags that step)."""
         return len(self.context) - len(self.prompt) + 1 >= self.config.max_new_tokens
 
+    @property
+    def remaining(self) -> int:
+        """Tokens it may still generate."""
+        return self.config.max_new_tokens - (len(self.context) - len(self.prompt))
+
     def next_k(self, k: int | None = None) -> int:
         """Drafts this round, at most k (default: its request's): a round emits up to k + 1 tokens,
         never past max_new_tokens."""
-        remaining = self.config.max_new_tokens - (len(self.context) - len(self.prompt))
-        return max(0, min(self.config.k if k is None else k, remaining - 1))
+        return max(0, min(self.config.k if k is None else k, self.remaining - 1))
 
 
 @dataclass(frozen=True)
@@ -247,6 +251,7 @@ class BatchedEngine:
         self._caught_up = False  # whether this step's drafting caught a drafter up on unseen text
         self._draft_span = DeviceSpan(target.device)  # this step's drafting, read after its settle
         self._draft_passes = 0  # the passes of a drafting still to be recorded (0: none)
+        self._caught_up_on = 0  # the tokens its drafters caught up on (0: a steady drafting step)
         self._steps = 0  # steps run (the auto policy fades each sequence's evidence by them)
         self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
         self._pipeline = target.device.type == "cuda" if config.pipeline is None else config.pipeline
@@ -326,8 +331,7 @@ class BatchedEngine:
         emitted = self._settle(flight)
         settled = time.perf_counter()
         if self._draft_passes:  # the device is past this step's drafting now: its span reads without a wait
-            self._draft_cost.record(self._draft_span.seconds(), self._draft_passes)
-            self._draft_passes = 0
+            self._record_drafting(self._draft_span.seconds())
         if self.config.speculation.mode == "auto":
             self._calibrate(flight, settled - start)
         load = self._load  # before any leave: the load the step ran at
@@ -343,12 +347,15 @@ class BatchedEngine:
 
     def _guard_record(self, flight: _Flight, emitted: list, seconds: float, load: int) -> None:
         """A step for the guard: the load it ran at, its decoding sequences, the tokens they emitted,
-        and the predicted seconds of a plain step of the same batch, prefill chunks included (they
-        share the pass)."""
+        and the predicted seconds of a plain step of the same batch. Not a step with prefill chunks:
+        the table prices their rows by extrapolation, and how many such steps a window holds (an
+        open window is twice as long as a closed one) would weigh in its score more than its mode;
+        on the embedded model at 16 in flight open windows that hardly drafted outscored closed ones
+        by 5-15 %."""
         n = len(flight.ks)
-        if n == 0 or not any(u.seq.auto_may_draft for u in flight.units if u.draft is not None):
-            return  # prefill chunks only, or no sequence that could draft: no evidence for either mode
-        plain = step_seconds(self._verify_cost, (0,) * n, flight.prefill_rows, 0.0)
+        if n == 0 or flight.prefill_rows or not any(u.seq.auto_may_draft for u in flight.units if u.draft is not None):
+            return  # prefill in the pass, or no sequence that could draft: no evidence for either mode
+        plain = step_seconds(self._verify_cost, (0,) * n, (), 0.0)
         self._guard.record(load, n, sum(len(tokens) for _, tokens, _ in emitted), seconds, plain)
 
     @property
@@ -456,18 +463,47 @@ class BatchedEngine:
         return units
 
     def _note_drafts(self, decoding: list[_Sequence], ks: list[int]) -> bool:
-        """Whether this step's drafting is the auto policy's draft cost, read from its span once the
-        step has settled (no wait here: the host queues the verify while the draft passes run). Not
-        when a drafter caught up on more text than one round leaves unseen (its first draft reads
-        the prompt; after plain steps it reads every token since): that step's seconds are the
-        catching up's, and it is no evidence for the calibration either. Returns whether one did."""
-        most_unseen = self.config.speculation.k + 1  # a round's pending token and kept drafts
+        """Note this step's drafting for the auto policy's draft cost, read from its span once the
+        step has settled (no wait here: the host queues the verify while the draft passes run).
+        Where a drafter caught up on more text than one round leaves unseen (its first draft reads
+        the prompt; after plain steps it reads every token since), the step's seconds are the
+        catching up's: they price catching up, not a pass, and are no evidence for the calibration
+        either. Returns whether one caught up."""
         drafting = [s for s, k in zip(decoding, ks) if k]
-        caught_up = any(s.drafted_upto < 0 or len(s.context) - s.drafted_upto > most_unseen for s in drafting)
-        self._draft_passes = 0 if caught_up else max(ks)
+        self._caught_up_on = sum(self._unseen(s) for s in drafting if self._behind(s))
+        self._draft_passes = max(ks)
         for seq in drafting:
             seq.drafted_upto = len(seq.context)
-        return caught_up
+        return self._caught_up_on > 0
+
+    def _record_drafting(self, seconds: float) -> None:
+        if self._caught_up_on:
+            self._draft_cost.record_catch_up(seconds, self._draft_passes, self._caught_up_on)
+        else:
+            self._draft_cost.record(seconds, self._draft_passes)
+        self._draft_passes = self._caught_up_on = 0
+
+    def _behind(self, seq: _Sequence) -> bool:
+        """Whether its drafter has not seen more text than one round leaves unseen: a draft now
+        catches it up first."""
+        return seq.drafted_upto < 0 or len(seq.context) - seq.drafted_upto > self.config.speculation.k + 1
+
+    @staticmethod
+    def _unseen(seq: _Sequence) -> int:
+        """The tokens of its text its drafter has not read (all of it before its first draft)."""
+        return len(seq.context) - max(seq.drafted_upto, 0)
+
+    def _entry_costs(self, decoding: list[_Sequence]) -> tuple[float, ...]:
+        """By sequence, what drafting costs it this step beyond its passes: catching its drafter up
+        on the text it has not seen, spread over the steps it may then draft on (the evidence's
+        half-life, or fewer where fewer tokens remain). Drafting now and then, a sequence pays a
+        catch-up each time, which the passes' cost does not show."""
+        per_token = self._draft_cost.per_unseen_token
+        if not per_token:
+            return ()
+        policy = self.config.speculation
+        return tuple(per_token * self._unseen(s) / max(1, min(policy.evidence_half_life, s.remaining))
+                     if self._behind(s) else 0.0 for s in decoding)
 
     def _decide(self, decoding: list[_Sequence]) -> list[int]:
         """K per decoding sequence under the speculation policy; the decision goes to last_decision."""
@@ -514,11 +550,12 @@ class BatchedEngine:
         # The same inputs give the same plan: through a plain stretch only the calibration moves,
         # read to 2 %, so at high load (where the host's time a step is the server's) it is reused.
         per_pass, factor = self._draft_cost.per_pass, self._calibration.factor_to(0.02)
-        inputs = (tuple(alphas), tuple(caps), per_pass, tuple(other_rows), factor)
+        entry = self._entry_costs(decoding)
+        inputs = (tuple(alphas), tuple(caps), per_pass, tuple(other_rows), factor, entry)
         if inputs != self._planned_for:
             self._planned_for = inputs
             self._latest_plan = choose_ks(alphas, caps, self._verify_cost, per_pass, other_rows, policy.min_gain,
-                                          factor)
+                                          factor, entry)
         self._plain_batch = None if any(self._latest_plan.ks) or other_rows else batch
         return self._latest_plan
 

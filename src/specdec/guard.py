@@ -152,7 +152,8 @@ class ThroughputGuard:
         return bucket
 
     def _summarize(self) -> tuple[dict, ...]:
-        """Per bucket, by load (its key is named batch): the mode now, each mode's median score and the windows it reads."""
+        """Per bucket, by load (its key is named batch): the mode now, each mode's median score and
+        the windows it reads."""
         out = []
         for size in sorted(self._buckets):
             b = self._buckets[size]

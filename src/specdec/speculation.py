@@ -180,24 +180,36 @@ class DraftCost:
     over its passes, so that one outlier (a busy moment) does not set it; forgotten after `memory`
     steps without one (RecentMedian). The engine times only steps where no drafter catches up on
     text it has not seen (its first draft reads the prompt; after a plain stretch it reads every
-    token since): those cost the catching up, not the drafting. prior: what it reads before any
-    step was timed."""
+    token since): those cost the catching up, not the drafting, and are read apart: their seconds
+    beyond their passes, per token caught up on (per_unseen_token; 0 before any was seen). prior:
+    what per_pass reads before any step was timed."""
 
     def __init__(self, prior: float, window: int = 32, memory: int = 512):
         self.prior = prior
         self._per_pass = RecentMedian(window, memory)
+        self._per_unseen = RecentMedian(window, memory)
 
     def tick(self) -> None:
         """One engine step went by."""
         self._per_pass.tick()
+        self._per_unseen.tick()
 
     def record(self, seconds: float, passes: int) -> None:
         self._per_pass.add(seconds / passes)
+
+    def record_catch_up(self, seconds: float, passes: int, unseen: int) -> None:
+        """A drafting step in which drafters caught up on `unseen` tokens of text in all."""
+        self._per_unseen.add(max(0.0, seconds - passes * self.per_pass) / max(unseen, 1))
 
     @property
     def per_pass(self) -> float:
         median = self._per_pass.median
         return self.prior if median is None else median
+
+    @property
+    def per_unseen_token(self) -> float:
+        median = self._per_unseen.median
+        return 0.0 if median is None else median
 
 
 class AcceptancePool:
@@ -352,7 +364,8 @@ def _shape_seconds(cost: VerifyCostTable, num_seqs: int, drafts: int, passes: in
 
 
 def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTable, draft_per_pass: float,
-              other_rows: Sequence[int] = (), min_gain: float = 0.0, drafting_factor: float = 1.0) -> StepPlan:
+              other_rows: Sequence[int] = (), min_gain: float = 0.0, drafting_factor: float = 1.0,
+              entry: Sequence[float] = ()) -> StepPlan:
     """The K_i (0 up to caps[i]) that maximise the batch's predicted tokens per second.
 
     A step's cost depends on the drafts only through their total D (the pass over B sequences and
@@ -364,27 +377,34 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     cost less than one of 1). other_rows: the rows of each prefill chunk sharing the pass; they cost
     time, and each of their sequences counts as the one token a plain step gives a sequence: its
     time is worth what it will decode, and drafting for the others holds its prefill up (a wave of
-    requests, most still prefilling, is no batch of a few). drafting_factor: what a drafting step's seconds are multiplied by
-    (StepCalibration). A plan predicted less than min_gain above plain's rate gives way to the
-    plain step."""
+    requests, most still prefilling, is no batch of a few). drafting_factor: what a drafting step's
+    seconds are multiplied by (StepCalibration). entry: by sequence, the seconds its drafting adds
+    this step whatever its K (a drafter catching up on text it has not seen); with any, the plan is
+    the best of the D largest gains' prefixes, each paying the entries of the sequences in it, with
+    and without the sequences that have an entry. A plan predicted less than min_gain above plain's
+    rate gives way to the plain step."""
     n, filling = len(alphas), len(other_rows)
     verify = _seconds_with(cost, n, np.arange(sum(caps) + 1), 0, other_rows, 0.0)  # [D + 1]: every total, once
     plain = float(verify[0])
     best = ((n + filling) / plain * (1 + min_gain) * (1 + 1e-9), None)  # (worth a second to beat, plan)
-    for m in range(1, max(caps, default=0) + 1):
-        capped = np.minimum(caps, m)
-        owner = np.repeat(np.arange(n), capped)  # one entry per possible draft: its sequence, its place j
-        place = np.arange(owner.size) - np.repeat(np.cumsum(capped) - capped, capped) + 1
-        gains = np.asarray(alphas, dtype=float)[owner] ** place
-        order = np.argsort(-gains, kind="stable")
-        tokens = n + np.cumsum(gains[order])
-        seconds = (verify[1:owner.size + 1] + draft_per_pass * m) * drafting_factor
-        worth = (tokens + filling) / seconds
-        d = int(np.argmax(worth))  # the first of equals: the fewest drafts
-        if worth[d] > best[0]:
-            ks = np.bincount(owner[order[:d + 1]], minlength=n)
-            best = (worth[d] * (1 + 1e-9), StepPlan(tuple(int(k) for k in ks), float(tokens[d]),
-                                                                  float(seconds[d]), plain))
+    entries = np.asarray(entry, dtype=float) if len(entry) else np.zeros(n)
+    caps = np.asarray(caps, dtype=int)
+    for allowed in [caps] if not entries.any() else [caps, np.where(entries > 0, 0, caps)]:
+        for m in range(1, int(allowed.max(initial=0)) + 1):
+            capped = np.minimum(allowed, m)
+            owner = np.repeat(np.arange(n), capped)  # one entry per possible draft: its sequence, its place j
+            place = np.arange(owner.size) - np.repeat(np.cumsum(capped) - capped, capped) + 1
+            gains = np.asarray(alphas, dtype=float)[owner] ** place
+            order = np.argsort(-gains, kind="stable")  # a sequence's first draft comes before its others
+            tokens = n + np.cumsum(gains[order])
+            paid = np.cumsum(np.where(place == 1, entries[owner], 0.0)[order])  # entries of the sequences in
+            seconds = (verify[1:owner.size + 1] + draft_per_pass * m) * drafting_factor + paid
+            worth = (tokens + filling) / seconds
+            d = int(np.argmax(worth))  # the first of equals: the fewest drafts
+            if worth[d] > best[0]:
+                ks = np.bincount(owner[order[:d + 1]], minlength=n)
+                best = (worth[d] * (1 + 1e-9), StepPlan(tuple(int(k) for k in ks), float(tokens[d]),
+                                                        float(seconds[d]), plain))
     return best[1] or StepPlan((0,) * n, float(n), plain, plain)
 
 
