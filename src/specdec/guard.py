@@ -126,6 +126,8 @@ class ThroughputGuard:
                 return mode  # each mode's first window, open first
         lead = self._lead(bucket)
         leader = OPEN if lead >= 0 else CLOSED
+        if bucket.leader is not None and leader != bucket.leader and not self._pays_to_switch(bucket, leader, lead):
+            leader = bucket.leader  # a lead within what switching costs: modes that score alike stay put
         trailer = CLOSED if leader == OPEN else OPEN
         if last == trailer or leader != bucket.leader:
             bucket.leader, bucket.leader_seconds = leader, 0.0
@@ -138,6 +140,11 @@ class ThroughputGuard:
         cost = abs(lead) * trailing + bucket.switch_seconds.get(trailer, 0.0) + bucket.switch_seconds.get(leader, 0.0)
         wait = min(self.max_ratio * trailing, max(0.0, cost / self.budget - trailing))
         return trailer if bucket.leader_seconds >= wait else leader
+
+    def _pays_to_switch(self, bucket: _Bucket, leader: str, lead: float) -> bool:
+        """Whether a new leader's lead, held for the time its median spans (`memory` of its windows),
+        gains more than the switch into it costs."""
+        return abs(lead) * self.memory * bucket.last_seconds.get(leader, 0.0) >= bucket.switch_seconds.get(leader, 0.0)
 
     @staticmethod
     def _lead(bucket: _Bucket) -> float:
