@@ -248,10 +248,9 @@ class BatchedEngine:
         self._planned_for: tuple | None = None  # the inputs of the latest auto plan, and the plan
         self._latest_plan: StepPlan | None = None
         self._plain_batch: tuple | None = None  # the batch (and fade period) the latest plain plan holds for
-        self._caught_up = False  # whether this step's drafting caught a drafter up on unseen text
         self._draft_span = DeviceSpan(target.device)  # this step's drafting, read after its settle
         self._draft_passes = 0  # the passes of a drafting still to be recorded (0: none)
-        self._caught_up_on = 0  # the tokens its drafters caught up on (0: a steady drafting step)
+        self._caught_up_on = 0  # tokens this step's drafters caught up on (0: steady drafting, or none)
         self._steps = 0  # steps run (the auto policy fades each sequence's evidence by them)
         self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
         self._pipeline = target.device.type == "cuda" if config.pipeline is None else config.pipeline
@@ -450,7 +449,7 @@ class BatchedEngine:
                              [s.config.sampling for s in decoding], [s.generator for s in decoding])
         if timed:
             self._draft_span.stop()
-        self._caught_up = timed and self._note_drafts(decoding, ks)
+        self._caught_up_on = self._note_drafts(decoding, ks) if timed else 0
         draft_of = {id(s): d or empty_draft(self.target.device) for s, d in zip(decoding, drafts)}
         units = []
         for seq in self._running:
@@ -462,26 +461,26 @@ class BatchedEngine:
                 units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft))
         return units
 
-    def _note_drafts(self, decoding: list[_Sequence], ks: list[int]) -> bool:
+    def _note_drafts(self, decoding: list[_Sequence], ks: list[int]) -> int:
         """Note this step's drafting for the auto policy's draft cost, read from its span once the
         step has settled (no wait here: the host queues the verify while the draft passes run).
         Where a drafter caught up on more text than one round leaves unseen (its first draft reads
         the prompt; after plain steps it reads every token since), the step's seconds are the
         catching up's: they price catching up, not a pass, and are no evidence for the calibration
-        either. Returns whether one caught up."""
+        either. Returns the tokens they caught up on (0: none did)."""
         drafting = [s for s, k in zip(decoding, ks) if k]
-        self._caught_up_on = sum(self._unseen(s) for s in drafting if self._behind(s))
+        caught_up_on = sum(self._unseen(s) for s in drafting if self._behind(s))
         self._draft_passes = max(ks)
         for seq in drafting:
             seq.drafted_upto = len(seq.context)
-        return self._caught_up_on > 0
+        return caught_up_on
 
     def _record_drafting(self, seconds: float) -> None:
         if self._caught_up_on:
             self._draft_cost.record_catch_up(seconds, self._draft_passes, self._caught_up_on)
         else:
             self._draft_cost.record(seconds, self._draft_passes)
-        self._draft_passes = self._caught_up_on = 0
+        self._draft_passes = 0
 
     def _behind(self, seq: _Sequence) -> bool:
         """Whether its drafter has not seen more text than one round leaves unseen: a draft now
@@ -525,7 +524,7 @@ class BatchedEngine:
         """A step's seconds against the model's prediction for it (StepCalibration); not a step whose
         drafters caught up on unseen text (_note_drafts)."""
         ks = flight.ks
-        if any(ks) and self._caught_up:
+        if any(ks) and self._caught_up_on:
             return
         predicted = step_seconds(self._verify_cost, ks, flight.prefill_rows, self._draft_cost.per_pass)
         self._calibration.record(observed, predicted, any(ks))
