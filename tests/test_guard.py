@@ -156,14 +156,16 @@ def test_a_windows_first_step_and_steps_with_no_sequences_or_no_time_are_not_sco
 CHEAP_ROWS = VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)])  # verify rows almost free: it drafts
 
 
-def engine_with(tiny_target, guard_window: int, slots: int = 2) -> BatchedEngine:
+def engine_with(tiny_target, guard_window: int, slots: int = 2, prefill_chunk: int = 64) -> BatchedEngine:
     policy = SpeculationPolicy.auto(k_max=4, verify_cost=CHEAP_ROWS, guard_window=guard_window)
     return BatchedEngine(LoopSlots(tiny_target.with_own_cache, slots), lambda: make_drafter("lookup", None, None),
-                         config=BatchConfig(64, policy))
+                         config=BatchConfig(prefill_chunk, policy))
 
 
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 9, 10, 9, 10]]
 CONFIG = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+# A short prompt and a long one: in chunks of 2 tokens, the long one prefills while the short one decodes.
+FILLING = [PROMPTS[0][:3], [9, 10, 11] * 6]
 
 
 def stepped(engine: BatchedEngine) -> list:
@@ -209,17 +211,14 @@ def test_a_batch_still_filling_is_judged_at_its_load_not_at_its_few_decoding_seq
     """While newcomers prefill, the sequences already decoding are a step of the load they share it
     with: drafting for them would hold the newcomers' prefill up. Drafting pays alone here (load 1)
     and loses at load 2, so a sequence decoding beside one still prefilling decodes plainly."""
-    policy = SpeculationPolicy.auto(k_max=4, verify_cost=CHEAP_ROWS, guard_window=64)
-    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
-                           config=BatchConfig(2, policy))  # prefill chunks of 2 tokens: a long prompt takes steps
+    engine = engine_with(tiny_target, guard_window=64, prefill_chunk=2)
     run_windows(engine.guard, 1, 2, open_rate=2.0)
     run_windows(engine.guard, 2, 2, open_rate=0.5)
-    short, long = PROMPTS[0][:3], [9, 10, 11] * 6
-    handles = [engine.submit(p, CONFIG) for p in (short, long)]
+    handles = [engine.submit(p, CONFIG) for p in FILLING]
     decisions = stepped(engine)
     filling = [d for d in decisions if d.batch_size == 2 and len(d.ks) == 1]  # the long one still prefilling
     assert len(filling) >= 4 and all(d.drafting == "closed" and d.ks == (0,) for d in filling)
-    assert [h.token_ids for h in handles] == [plain(tiny_target, p, CONFIG).token_ids for p in (short, long)]
+    assert [h.token_ids for h in handles] == [plain(tiny_target, p, CONFIG).token_ids for p in FILLING]
 
 
 def test_steps_with_prefill_chunks_are_not_scored(tiny_target, monkeypatch):
@@ -228,16 +227,13 @@ def test_steps_with_prefill_chunks_are_not_scored(tiny_target, monkeypatch):
     recorded = []
     record = ThroughputGuard.record
     monkeypatch.setattr(ThroughputGuard, "record", lambda guard, *step: recorded.append(step) or record(guard, *step))
-    policy = SpeculationPolicy.auto(k_max=4, verify_cost=CHEAP_ROWS, guard_window=2)
-    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
-                           config=BatchConfig(2, policy))  # chunks of 2 tokens: the long prompt takes steps
-    handles = [engine.submit(p, CONFIG) for p in (PROMPTS[0][:3], [9, 10, 11] * 6)]
+    engine = engine_with(tiny_target, guard_window=2, prefill_chunk=2)
+    handles = [engine.submit(p, CONFIG) for p in FILLING]
     decisions = stepped(engine)
     decoding_only = [d for d in decisions if d.ks and len(d.ks) == d.batch_size]
     assert any(len(d.ks) < d.batch_size for d in decisions if d.ks)  # one decoded beside a prefill
     assert len(recorded) == len(decoding_only) > 0
-    assert [h.token_ids for h in handles] == [plain(tiny_target, p, CONFIG).token_ids
-                                              for p in (PROMPTS[0][:3], [9, 10, 11] * 6)]
+    assert [h.token_ids for h in handles] == [plain(tiny_target, p, CONFIG).token_ids for p in FILLING]
 
 
 def test_modes_that_score_alike_under_noise_do_not_change_leader_with_the_noise():
