@@ -13,6 +13,14 @@ if compgen -G ".whl/*.whl" > /dev/null && ! python3 -c "import fastapi, uvicorn"
 else
     export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 fi
-# The driver stops its servers on exit, on SIGTERM and at its own deadline (--deadline-s); the outer
-# timeout is the last resort, a little past that deadline, should the driver itself hang.
-exec timeout --kill-after=20 600 python3 benchmarks/serving.py --out "${OUT:-results/gpu-serving}" "$@"
+# The driver stops its servers on exit, on SIGTERM and at its own deadline (--deadline-s, 540 s unless
+# given); the outer timeout is the last resort, a minute past that deadline, should the driver itself hang.
+deadline=540
+args=("$@")
+for i in "${!args[@]}"; do
+    case "${args[$i]}" in
+        --deadline-s) deadline="${args[$((i + 1))]:-540}" ;;
+        --deadline-s=*) deadline="${args[$i]#--deadline-s=}" ;;
+    esac
+done
+exec timeout --kill-after=20 $(( ${deadline%.*} + 60 )) python3 benchmarks/serving.py --out "${OUT:-results/gpu-serving}" "$@"
