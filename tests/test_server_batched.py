@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 import httpx
 import pytest
@@ -168,3 +169,41 @@ def test_the_servers_drafters_are_forks_that_share_the_loaded_draft(monkeypatch)
                                                                                              "LookupDrafter"}
     finally:
         state.worker.shutdown()
+
+
+def test_a_drain_s_abort_reaches_a_running_stream_as_its_error_not_as_a_finish():
+    """abort_all (the drain's deadline) against the engine thread: the running choice's client gets the
+    shutting-down error, never the 'abort' finish its cancellation also produces. The error's delivery
+    is slowed here, so that an engine thread free to see the cancellation before it is queued would
+    get its finish to the client first (as it once did, now and then, in the SIGTERM test)."""
+    from specdec.cli import build_parser
+    from specdec.commands.serve import build_state
+    from specdec.generation import GenerationConfig
+    from specdec.server.protocol import APIError
+    from specdec.server.worker import DoneEvent, ErrorEvent, Job, TokenEvent
+    from tests.server_tiny_model import CONTEXT, build_tiny_models
+
+    target, _ = build_tiny_models(tiny_root())
+    state = build_state(build_parser().parse_args(["serve", "--target", str(target), "--draft", "none",
+                                                   "--max-num-seqs", "2", "--threads", "1"]))
+    worker = state.worker
+
+    async def run() -> list[object]:
+        job = Job("none", [1, 2, 3], (GenerationConfig(max_new_tokens=CONTEXT - 8, ignore_eos=True),),
+                  lambda ids: "".join(f" w{i}" for i in ids))
+        events, got = worker.submit(job), []
+        async for event in events:
+            got.append(event)
+            if isinstance(event, TokenEvent) and len(got) == 1:  # it runs: slow the error down, abort
+                emit = worker._live[id(job)][1]
+                worker._live[id(job)] = (job, lambda e: (time.sleep(0.3) if isinstance(e, ErrorEvent) else None,
+                                                         emit(e)))
+                worker.abort_all(APIError(503, "shutting down", None, "shutting_down"))
+        return got
+
+    try:
+        got = asyncio.run(run())
+    finally:
+        worker.shutdown()
+    assert isinstance(got[-1], ErrorEvent), got[-1]
+    assert not any(isinstance(e, DoneEvent) for e in got)

@@ -99,14 +99,15 @@ class EngineWorker:
             self.accepting = False
 
     def abort_all(self, error: APIError) -> None:
-        """End every request still running or waiting: its client gets `error` now, the engine drops it soon."""
+        """End every request still running or waiting: its client gets `error` now, the engine drops it soon.
+        The errors are queued under the lock, before the engine thread can see a cancellation (it looks
+        under the lock): else a running choice's "abort" finish could reach its client first and end
+        the response as if it had finished."""
         with self._wake:
-            live = list(self._live.values())
-            for job, _ in live:
+            for job, emit in self._live.values():
                 job.cancelled.set()
+                emit(ErrorEvent(error))
             self._wake.notify()
-        for _, emit in live:
-            emit(ErrorEvent(error))
 
     def shutdown(self) -> None:
         """Stop taking requests; the engine thread ends once nothing is left (after a drain, a step's worth)."""
