@@ -235,6 +235,18 @@ def test_a_kind_that_cannot_fork_is_refused_by_name(tiny_target):
     assert isinstance(ModelDrafter(native, VOCAB).for_batch(3).pool.model, NativeSlots)
 
 
+def test_a_batch_drafter_s_slots_are_as_long_as_asked(tiny_target):
+    """for_batch(max_slots, max_length): a draft model's slots hold the target's slot length (the server
+    passes it), not the draft model's whole context; none given, the model's."""
+    from specdec.models.native_llama import NativeLlama
+
+    native = NativeLlama.from_hf(tiny_target.model, "one cache", 512, cuda_graphs=False)
+    assert ModelDrafter(native, VOCAB).for_batch(3, 96).pool.model.max_length == 96
+    assert ModelDrafter(native, VOCAB).for_batch(3).pool.model.max_length == 512
+    oracle = OracleDrafter(tiny_target, alpha=0.5, draft_model=native, horizon=8)
+    assert oracle.for_batch(3, 96).lease.pool.model.max_length == 96
+
+
 def test_the_batch_table_measures_every_drafter_at_every_size(tiny_target, tiny_draft):
     from specdec.bench.batch import batch_table, parse_batch_sizes
     from specdec.errors import InvalidRequestError

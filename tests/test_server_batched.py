@@ -147,7 +147,7 @@ def test_the_model_card_reports_the_batch_capacity(server):
 
 def test_the_servers_drafters_are_forks_that_share_the_loaded_draft(monkeypatch):
     """Every sequence drafts with a fork of the draft model loaded at start: one draft slot model, no
-    second load however many sequences run."""
+    second load however many sequences run, its slots no longer than the target's."""
     from specdec.cli import build_parser
     from specdec.commands.serve import build_state
     from specdec.drafters.model import SlotDrafter
@@ -158,13 +158,16 @@ def test_the_servers_drafters_are_forks_that_share_the_loaded_draft(monkeypatch)
     load_model = loader.load_model
     monkeypatch.setattr(loader, "load_model", lambda name, **kw: loads.append(name) or load_model(name, **kw))
     target, draft = build_tiny_models(tiny_root())
-    argv = ["serve", "--target", str(target), "--draft", str(draft), "--max-num-seqs", "3", "--threads", "1"]
+    argv = ["serve", "--target", str(target), "--draft", str(draft), "--max-num-seqs", "3", "--max-model-len", "64",
+            "--threads", "1"]
     state = build_state(build_parser().parse_args(argv))
     try:
         forks = [state.drafters.fresh(str(draft)) for _ in range(5)]
         assert loads.count(str(draft)) == 1  # at start, for the runtime; never for a fork
         assert all(isinstance(f, SlotDrafter) and f.pool is forks[0].pool for f in forks)
         assert forks[0].pool.model.max_slots == 3 and len(set(map(id, forks))) == 5
+        # the draft's slots hold what the target's do, not the draft model's whole context (160 here)
+        assert forks[0].pool.model.max_length == state.slots.max_length == 64
         assert {type(state.drafters.fresh(name)).__name__ for name in ("none", "lookup")} == {"NoDrafter",
                                                                                              "LookupDrafter"}
     finally:

@@ -162,7 +162,7 @@ def build_batched_runtime(target: str = "default", draft: str = DEFAULT_DRAFT, d
     use_threads(threads)
     loaded = load_model(target, device=device, dtype=dtype, backend=backend)
     slots = slot_model_for(loaded.model, max_num_seqs, max_length)
-    menu = DraftMenu(loaded, max_num_seqs, dtype=draft_dtype or dtype)
+    menu = DraftMenu(loaded, max_num_seqs, dtype=draft_dtype or dtype, max_length=slots.max_length)
     decode = lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     engine = BatchedEngine(slots, menu.factory(draft), eos_token_ids=eos_ids(loaded), decode=decode,
                            config=BatchConfig(prefill_chunk=prefill_chunk))

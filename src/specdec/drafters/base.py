@@ -61,9 +61,10 @@ class Drafter(ABC):
         """Its sequence is done (the batched engine calls this as the sequence leaves): give back
         whatever it holds for the sequence, e.g. a slot of a shared draft cache."""
 
-    def for_batch(self, max_slots: int) -> "Drafter":
+    def for_batch(self, max_slots: int, max_length: int | None = None) -> "Drafter":
         """This kind made to draft for up to max_slots sequences at once, as the prototype that
-        fork() copies for each (a draft model moves onto a slot model of its weights); most kinds
+        fork() copies for each (a draft model moves onto a slot model of its weights, each slot
+        max_length positions: no more than the target's slots hold; None: the model's); most kinds
         are that already."""
         return self
 

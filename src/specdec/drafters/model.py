@@ -68,11 +68,11 @@ class ModelDrafter(Drafter):
                                  "build it over a slot model (SlotDrafter)")
         return ModelDrafter(self.model.with_own_cache(), self.vocab_size, self.name)
 
-    def for_batch(self, max_slots: int) -> "SlotDrafter":
+    def for_batch(self, max_slots: int, max_length: int | None = None) -> "SlotDrafter":
         """The same drafts over a slot model of its weights, each sequence in a slot of its own."""
         from specdec.models.slots import slot_model_for
 
-        return SlotDrafter(DraftSlots(slot_model_for(self.model, max_slots)), self.vocab_size, self.name)
+        return SlotDrafter(DraftSlots(slot_model_for(self.model, max_slots, max_length)), self.vocab_size, self.name)
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
         return fit_logits(logits, self.vocab_size)

@@ -103,13 +103,13 @@ class OracleDrafter(Drafter):
         twin._recorded = self._recorded  # the target's continuations are no one sequence's state
         return twin
 
-    def for_batch(self, max_slots: int) -> "OracleDrafter":
+    def for_batch(self, max_slots: int, max_length: int | None = None) -> "OracleDrafter":
         """The same oracle paying its draft model's steps in a slot model of its weights."""
         if self.draft_model is None:
             return self
         from specdec.models.slots import slot_model_for
 
-        pool = DraftSlots(slot_model_for(self.draft_model, max_slots))
+        pool = DraftSlots(slot_model_for(self.draft_model, max_slots, max_length))
         return OracleDrafter(self.target, self.alpha, None, self.horizon, self.seed, pool)
 
     def end(self) -> None:

@@ -93,35 +93,39 @@ def find_kind(spec: str) -> tuple[DraftKind, str]:
     return DRAFT_KINDS[-1], spec
 
 
-def make_drafter(spec: str, target, dtype: str | None = None, max_slots: int | None = None) -> Drafter:
+def make_drafter(spec: str, target, dtype: str | None = None, max_slots: int | None = None,
+                 max_length: int | None = None) -> Drafter:
     """Build the drafter that `spec` names for this target (a LoadedModel). max_slots: as the
-    prototype of a batch of up to that many sequences (Drafter.for_batch; fork() one for each)."""
+    prototype of a batch of up to that many sequences of up to max_length positions
+    (Drafter.for_batch; fork() one for each)."""
     kind, arg = find_kind(spec)
     drafter = kind.build(target, arg, dtype=dtype)
-    return drafter if max_slots is None else drafter.for_batch(max_slots)
+    return drafter if max_slots is None else drafter.for_batch(max_slots, max_length)
 
 
 class DraftMenu:
     """Fresh drafters by name for the sequences of one batched engine, so that sequences of one
     batch can draft with different kinds: each kind is built once (its weights loaded once, as a
     prototype for up to max_slots sequences) and every sequence gets a fork of it, sharing those
-    weights but no per-sequence state."""
+    weights but no per-sequence state. max_length: the positions a target's slot holds, which a
+    draft model's slots need no more of (at 8B/1B, 32 slots of the 1B's 4096 positions held 3 GiB
+    more than the target's 1024 need)."""
 
-    def __init__(self, target, max_slots: int, dtype: str | None = None):
-        self.target, self.max_slots, self.dtype = target, max_slots, dtype
+    def __init__(self, target, max_slots: int, dtype: str | None = None, max_length: int | None = None):
+        self.target, self.max_slots, self.dtype, self.max_length = target, max_slots, dtype, max_length
         self._prototypes: dict[str, Drafter] = {}
 
     def adopt(self, spec: str, drafter: Drafter) -> None:
         """Serve `spec` with forks of a drafter already built, so its weights are not loaded again; its
         batch prototype prepares now what its first drafts would prepare mid-run (CUDA graphs)."""
-        prototype = drafter.for_batch(self.max_slots)
+        prototype = drafter.for_batch(self.max_slots, self.max_length)
         prototype.warm_up()
         self._add(spec, prototype)
 
     def fresh(self, spec: str) -> Drafter:
         """A new drafter of kind `spec` for one sequence (DraftSpecError for a kind that cannot fork)."""
         if spec not in self._prototypes:
-            self._add(spec, make_drafter(spec, self.target, self.dtype, self.max_slots))
+            self._add(spec, make_drafter(spec, self.target, self.dtype, self.max_slots, self.max_length))
         return self._prototypes[spec].fork()
 
     def _add(self, spec: str, prototype: Drafter) -> None:

@@ -69,7 +69,7 @@ class ServerState:
         runtime = self.default_runtime
         self.slots = slot_target(runtime.target.model, config.max_num_seqs, config.max_model_len)
         self.slots.warm_up()  # before the auto policy times the target, and before any request
-        self.drafters = DraftMenu(runtime.target, self.slots.max_slots)
+        self.drafters = DraftMenu(runtime.target, self.slots.max_slots, max_length=self.slots.max_length)
         for name, loaded in runtimes.items():
             self.drafters.adopt(name, loaded.drafter)  # forks share its weights: none is loaded twice
         self.engine = BatchedEngine(self.slots, self.drafters.factory(config.default_draft), eos_ids(runtime.target),
