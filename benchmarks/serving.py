@@ -273,8 +273,28 @@ def _interleave(plan: Plan, specs: list[ServerSpec], rounds: int, log, work: Pat
                 measured.setdefault(spec.label, {"flags": list(spec.all_flags), "levels": {}})
                 measured[spec.label]["levels"].setdefault(level, []).append({**run, "round": r + 1})
                 print(f"[{spec.label}] concurrency {level}, round {r + 1}: "
-                      f"{run['runs'][0]['output_throughput']:.1f} out tok/s{guard_note(run['runs'][0], level)}",
-                      flush=True)
+                      f"{run['runs'][0]['output_throughput']:.1f} out tok/s{guard_note(run['runs'][0], level)}"
+                      f"{memory_note(server.proc.pid)}", flush=True)
+
+
+def memory_note(pid: int) -> str:
+    """", 33012 MiB on the GPU": what nvidia-smi reports the server's process holds (which servers fit
+    one GPU side by side); "" where there is no nvidia-smi or it reports nothing for the process."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    mib = gpu_mib_of(out, pid)
+    return "" if mib is None else f", {mib} MiB on the GPU"
+
+
+def gpu_mib_of(listing: str, pid: int) -> int | None:
+    """The MiB that `nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`
+    lists for this process (summed over GPUs), None if it lists none."""
+    rows = [line.split(",") for line in listing.splitlines() if line.count(",") == 1]
+    mine = [int(mib) for p, mib in rows if p.strip() == str(pid) and mib.strip().isdigit()]
+    return sum(mine) if mine else None
 
 
 def guard_note(run: dict, level: int) -> str:

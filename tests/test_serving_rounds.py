@@ -76,3 +76,11 @@ def test_a_plan_at_some_of_its_levels_keeps_their_n(serving):
     assert [s.levels for s in plan.servers() if s.label == "one-at-a-time"] == [(16,)]
     with pytest.raises(SystemExit, match="no level"):
         serving.GPU.only((7,))
+
+
+def test_a_servers_gpu_memory_is_read_from_nvidia_smi_s_listing(serving):
+    listing = "4242, 33012\n977, 22980\n4242, 512\nNo running processes found\n"
+    assert serving.gpu_mib_of(listing, 4242) == 33524  # summed over the GPUs it holds
+    assert serving.gpu_mib_of(listing, 977) == 22980
+    assert serving.gpu_mib_of(listing, 1) is None
+    assert serving.gpu_mib_of("", 4242) is None
