@@ -171,7 +171,7 @@ class _Sequence:
     @property
     def next_is_last(self) -> bool:
         """Whether the token of the step in flight is its last by length (context lags that step)."""
-        return len(self.context) - len(self.prompt) + 1 >= self.config.max_new_tokens
+        return self.remaining <= 1
 
     @property
     def remaining(self) -> int:

@@ -388,13 +388,13 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     plain = float(verify[0])
     best = ((n + filling) / plain * (1 + min_gain) * (1 + 1e-9), None)  # (worth a second to beat, plan)
     entries = np.asarray(entry, dtype=float) if len(entry) else np.zeros(n)
-    caps = np.asarray(caps, dtype=int)
+    caps, alphas = np.asarray(caps, dtype=int), np.asarray(alphas, dtype=float)
     for allowed in [caps] if not entries.any() else [caps, np.where(entries > 0, 0, caps)]:
         for m in range(1, int(allowed.max(initial=0)) + 1):
             capped = np.minimum(allowed, m)
             owner = np.repeat(np.arange(n), capped)  # one entry per possible draft: its sequence, its place j
             place = np.arange(owner.size) - np.repeat(np.cumsum(capped) - capped, capped) + 1
-            gains = np.asarray(alphas, dtype=float)[owner] ** place
+            gains = alphas[owner] ** place
             order = np.argsort(-gains, kind="stable")  # a sequence's first draft comes before its others
             tokens = n + np.cumsum(gains[order])
             paid = np.cumsum(np.where(place == 1, entries[owner], 0.0)[order])  # entries of the sequences in
