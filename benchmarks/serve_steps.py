@@ -20,17 +20,10 @@ import random
 import statistics
 import time
 
-from specdec.commands import serve
+from specdec.cli import build_parser
 from specdec.commands.serve import build_state
 from specdec.drafters.none import NoDrafter
 from specdec.generation import GenerationConfig
-
-
-def serve_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="serve")
-    sub = parser.add_subparsers(dest="command")
-    serve.register(sub)
-    return parser.parse_args(["serve", *argv])
 
 
 def prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
@@ -81,7 +74,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write every step's record here")
     parser.add_argument("serve", nargs=argparse.REMAINDER, help="after --: specdec serve's arguments")
     args = parser.parse_args()
-    state = build_state(serve_args([a for a in args.serve if a != "--"]))
+    state = build_state(build_parser().parse_args(["serve", *(a for a in args.serve if a != "--")]))
     engine = state.engine
     run(engine, prompts(4, engine.target.vocab_size, 99), 4, 16, plain=False)  # warm both paths
     run(engine, prompts(4, engine.target.vocab_size, 99), 4, 16, plain=True)
