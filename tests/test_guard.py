@@ -8,7 +8,7 @@ import pytest
 from specdec.batching import BatchConfig, BatchedEngine
 from specdec.engine import GenerationConfig
 from specdec.errors import InvalidRequestError
-from specdec.guard import ThroughputGuard
+from specdec.guard import HeldLoad, ThroughputGuard
 from specdec.models.slots import LoopSlots
 from specdec.speculation import SpeculationPolicy, VerifyCostTable
 from tests.test_batching import make_drafter, plain
@@ -76,8 +76,8 @@ def test_modes_level_with_each_other_take_turns():
 @pytest.mark.parametrize("open_rate", [0.5, 0.75, 0.96, 1.02, 1.1, 1.35, 2.0])
 def test_exploring_the_trailing_mode_costs_about_its_budget_once_learnt(open_rate):
     """Throughput of 400 windows over the better mode's own: within 1 % at the default budget of 0.5 %
-    (plus the windows' unscored first steps)."""
-    guard, served = ThroughputGuard(window=32), Served()
+    (plus the windows' unscored first steps). With no margin, so that the better mode leads."""
+    guard, served = ThroughputGuard(window=32, margin=0.0), Served()
     run_windows(guard, 16, 10, open_rate)  # learning
     run_windows(guard, 16, 400, open_rate, served=served)
     realized = served.tokens / served.seconds / (16 / 0.01)  # over plain's predicted rate, as scored
@@ -88,11 +88,11 @@ def test_exploring_the_trailing_mode_costs_about_its_budget_once_learnt(open_rat
 def test_noisy_windows_still_keep_throughput_near_the_better_mode(open_rate):
     """Windows 5 % apart by chance (log-normal) and modes 3-6 % apart: over 300 windows, for each of 10
     seeds, throughput within 2 % of the better mode's, within 1.2 % on average. Medians of 8 windows
-    hold that; choosing by the latest window of each mode falls below it at 0.94 and 0.97."""
+    hold that; choosing by the latest window of each mode falls below it at 0.94 and 0.97. (No margin.)"""
     realized = []
     for seed in range(10):
         served = Served()
-        run_windows(ThroughputGuard(window=32), 16, 300, open_rate, served=served, noise=random.Random(seed),
+        run_windows(ThroughputGuard(window=32, margin=0.0), 16, 300, open_rate, served=served, noise=random.Random(seed),
                     sigma=0.05)
         realized.append(served.tokens / served.seconds / (16 / 0.01) / max(open_rate, 1.0))
     assert min(realized) > 0.98 and statistics.mean(realized) > 0.988
@@ -104,8 +104,8 @@ def test_dear_switches_are_explored_rarely_between_modes_that_score_alike(open_r
     steps' text), into the closed one 1 (a step not queued ahead). Between modes within 3 % of each
     other the switches are most of what exploring costs: counted in its budget, throughput over 400
     windows stays within 1 % of the better mode's, switching 6-30 times; uncounted, it switched 36-399
-    times and lost 2.5 %, 10 % and 6 % at these rates."""
-    guard, served, switch_steps = ThroughputGuard(window=32), Served(), {"open": 8, "closed": 1}
+    times and lost 2.5 %, 10 % and 6 % at these rates. (No margin.)"""
+    guard, served, switch_steps = ThroughputGuard(window=32, margin=0.0), Served(), {"open": 8, "closed": 1}
     run_windows(guard, 16, 10, open_rate, switch_steps=switch_steps)  # learning
     modes = run_windows(guard, 16, 400, open_rate, served=served, switch_steps=switch_steps)
     realized = served.tokens / served.seconds / (16 / 0.01)
@@ -119,6 +119,15 @@ def test_a_change_of_load_is_seen_by_exploring():
     assert run_windows(guard, 4, 40, open_rate=0.9)[-10:].count("closed") >= 9
     modes = run_windows(guard, 4, 60, open_rate=1.3)
     assert modes[-10:].count("open") >= 9
+
+
+@pytest.mark.parametrize("open_rate, drafts", [(1.0, False), (1.03, False), (1.08, True)])
+def test_drafting_runs_only_where_its_windows_beat_plain_by_the_margin(open_rate, drafts):
+    """Open windows score without the switches and prefill steps around them: a tie, or a lead
+    within the margin (5 %), goes to plain steps. (Switching into drafting costs 8 plain steps.)"""
+    modes = run_windows(ThroughputGuard(window=WINDOW, margin=0.05), 16, 60, open_rate=open_rate,
+                        switch_steps={"open": 8, "closed": 1})
+    assert (modes[-10:].count("open") >= 8) if drafts else (modes[-10:].count("closed") >= 8)
 
 
 def test_buckets_decide_apart_and_a_batch_one_smaller_stays_in_its_bucket():
@@ -147,8 +156,31 @@ def test_a_windows_first_step_and_steps_with_no_sequences_or_no_time_are_not_sco
         ThroughputGuard(window=0)
     with pytest.raises(ValueError, match="budget"):
         ThroughputGuard(budget=0)
+    with pytest.raises(ValueError, match="margin"):
+        ThroughputGuard(margin=-0.1)
     with pytest.raises(InvalidRequestError, match="guard_window"):
         SpeculationPolicy.auto(guard_window=-1)
+    with pytest.raises(InvalidRequestError, match="load_hold"):
+        SpeculationPolicy.auto(load_hold=0)
+
+
+def test_the_held_load_keeps_a_dip_between_requests_and_sees_a_drop_or_a_pause():
+    held, now = HeldLoad(span=4), 0.0
+
+    def step(load: int, idle: float = 0.0) -> int:
+        nonlocal now
+        now += idle
+        value = held.start(load, now)
+        now += 0.01  # each step takes 10 ms
+        held.end(now)
+        return value
+
+    assert [step(n) for n in (1, 16, 16, 3, 2, 16)] == [1, 16, 16, 16, 16, 16]  # a dip of two steps
+    assert [step(2) for _ in range(5)] == [16, 16, 16, 2, 2]  # a drop: seen after 4 steps
+    assert step(16) == 16 and step(1, idle=0.005) == 16  # half a step apart: the same run of steps
+    assert step(1, idle=0.05) == 1  # 5 steps' time idle: the load before the pause is gone
+    with pytest.raises(ValueError, match="span"):
+        HeldLoad(span=0)
 
 
 # ---- in the engine ---------------------------------------------------------------------------------
@@ -219,6 +251,27 @@ def test_a_batch_still_filling_is_judged_at_its_load_not_at_its_few_decoding_seq
     filling = [d for d in decisions if d.batch_size == 2 and len(d.ks) == 1]  # the long one still prefilling
     assert len(filling) >= 4 and all(d.drafting == "closed" and d.ks == (0,) for d in filling)
     assert [h.token_ids for h in handles] == [plain(tiny_target, p, CONFIG).token_ids for p in FILLING]
+
+
+@pytest.mark.parametrize("hold", [1, 6])
+def test_a_sequence_left_alone_drafts_only_once_the_held_load_has_dropped(tiny_target, hold):
+    """Drafting loses at 4 in flight and pays alone. Three of four sequences end together: the one
+    left is held at the load of 4 for `hold` steps (a dip between requests would end by then), plain,
+    then drafts; with no hold it drafts at once. Its answer is plain decoding's either way."""
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=CHEAP_ROWS, guard_window=64, load_hold=hold)
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 4), lambda: make_drafter("lookup", None, None),
+                           config=BatchConfig(64, policy))
+    run_windows(engine.guard, 1, 2, open_rate=2.0)
+    run_windows(engine.guard, 4, 2, open_rate=0.5)
+    short = GenerationConfig(max_new_tokens=6, ignore_eos=True)
+    handles = [engine.submit(p, short) for p in ([9, 10, 9, 10], [11, 12, 11], [13, 14, 13])]
+    handles.append(engine.submit(PROMPTS[0], CONFIG))
+    decisions = stepped(engine)
+    alone = [d for d in decisions if d.batch_size == 1]
+    assert all(d.drafting == "closed" and d.ks == (0,) for d in alone[:hold - 1])
+    assert alone[hold - 1].drafting == "open" and any(any(d.ks) for d in alone[hold - 1:])
+    assert all(not any(d.ks) for d in decisions if d.batch_size == 4)
+    assert [h.token_ids for h in handles[3:]] == [plain(tiny_target, PROMPTS[0], CONFIG).token_ids]
 
 
 def test_steps_with_prefill_chunks_are_not_scored(tiny_target, monkeypatch):

@@ -30,7 +30,7 @@ import torch
 
 from specdec.batch_rule import StepRule, queue_rule, with_logprobs
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
-from specdec.guard import ThroughputGuard
+from specdec.guard import HeldLoad, ThroughputGuard
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
@@ -244,7 +244,9 @@ class BatchedEngine:
         self._draft_cost = DraftCost(policy.draft_seconds_per_pass)
         self._calibration = StepCalibration()
         self._acceptance = AcceptancePool(policy)
-        self._guard = ThroughputGuard(policy.guard_window) if policy.mode == "auto" and policy.guard_window else None
+        self._guard = (ThroughputGuard(policy.guard_window, margin=policy.min_gain)
+                       if policy.mode == "auto" and policy.guard_window else None)
+        self._held_load = HeldLoad(policy.load_hold)  # the guard's key, set as each step begins
         self._planned_for: tuple | None = None  # the inputs of the latest auto plan, and the plan
         self._latest_plan: StepPlan | None = None
         self._plain_batch: tuple | None = None  # the batch (and fade period) the latest plain plan holds for
@@ -316,6 +318,7 @@ class BatchedEngine:
             return self.busy
         self._draft_cost.tick()
         self._steps += 1
+        self._held_load.start(len(self._running) + len(self._waiting), time.perf_counter())
         if self.config.speculation.mode == "auto":
             fade_evidence(self.config.speculation, self._steps, [s.evidence for s in self._running])
         start = time.perf_counter()
@@ -333,7 +336,6 @@ class BatchedEngine:
             self._record_drafting(self._draft_span.seconds())
         if self.config.speculation.mode == "auto":
             self._calibrate(flight, settled - start)
-        load = self._load  # before any leave: the load the step ran at
         self._leave([unit.seq for unit, _, reason in emitted if reason])
         phases = (drafted - start, settled - drafted, time.perf_counter() - settled)
         for unit, tokens, reason in emitted:
@@ -341,7 +343,8 @@ class BatchedEngine:
             unit.seq.handle.finish_reason = reason
             unit.seq.handle._emit(tokens, finished=reason is not None)  # listeners' time is not ours
         if self._guard is not None:
-            self._guard_record(flight, emitted, time.perf_counter() - start, load)
+            self._guard_record(flight, emitted, time.perf_counter() - start, self._load)
+        self._held_load.end(time.perf_counter())
         return self.busy
 
     def _guard_record(self, flight: _Flight, emitted: list, seconds: float, load: int) -> None:
@@ -359,8 +362,9 @@ class BatchedEngine:
 
     @property
     def _load(self) -> int:
-        """The sequences the engine holds, decoding, prefilling or waiting: the guard's key."""
-        return len(self._running) + len(self._waiting)
+        """The guard's key: the sequences the engine holds, decoding, prefilling or waiting, as this
+        step began, held at its peak over the latest steps (HeldLoad)."""
+        return self._held_load.value
 
     def _drafting(self) -> str | None:
         """The guard's mode at the load now, for StepDecision (None without a guard)."""

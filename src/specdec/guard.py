@@ -18,7 +18,9 @@ per second over what the cost table predicts plain decoding of the same batches 
 under different loads compare. A window's first step is not scored: it pays the switch (a draft
 model catching up on the plain steps' tokens, a plain step that could not be queued ahead), which
 the mode that runs steadily does not. The mode with the better median score over its latest
-`memory` windows runs. The other one runs a window again once the leader has run long enough that
+`memory` windows runs, the open one only where it beats the closed one by a margin (its windows'
+scores leave out the switches and the steps with prefill chunks around them). The other one runs
+a window again once the leader has run long enough that
 exploring costs at most `budget` of throughput, so a change in load or in acceptance is seen. An
 exploration costs the trailer's window (behind by a fraction g) and the two switches, into the
 trailer and back, each measured as the first step of a window that follows the other mode beyond
@@ -26,6 +28,12 @@ its window's mean step; without switch costs a trailer gets a share of the time 
 (all of it while g <= budget), and at least 1 / (1 + max_ratio) in any case. Between two modes
 that score alike the switches are the whole cost, and a catching-up draft model makes them dear.
 Both modes emit the target's tokens: the guard only changes how fast they come.
+
+The load a step is keyed by is held (HeldLoad): the most sequences the engine held over its latest
+few steps. When a request ends, its client's next one arrives a round trip later; keyed by the load
+of those steps, a server at 16 in flight would draft for a step or two in bucket 4's open window each
+time, every drafter catching up on all the text it skipped while bucket 16 was closed. On an H100
+that cost 1-4 % of throughput at 16 in flight (docs/server.md).
 """
 
 from __future__ import annotations
@@ -37,6 +45,34 @@ from dataclasses import dataclass, field
 
 OPEN, CLOSED = "open", "closed"
 MODES = (OPEN, CLOSED)  # the order of each mode's first window
+
+
+class HeldLoad:
+    """The load the guard keys a step by: the most sequences the engine held over its latest `span`
+    steps, so that a dip between requests stays in the bucket of the load around it, and a real drop
+    is seen `span` steps late. An idle stretch counts as steps of load 0, as many as the latest step's
+    seconds fit in it: a request after a pause is not held to the load before it."""
+
+    def __init__(self, span: int = 8):
+        if span < 1:
+            raise ValueError("span must be >= 1 step")
+        self._loads: deque[int] = deque(maxlen=span)
+        self._started = self._ended = 0.0
+        self._step_seconds = 0.0  # the latest step's (0: none ended yet)
+        self.value = 0
+
+    def start(self, load: int, now: float) -> int:
+        """A step begins at this load (sequences in the engine) at time `now`; the held load."""
+        if self._step_seconds > 0:
+            idle_steps = int((now - self._ended) / self._step_seconds)
+            self._loads.extend([0] * min(idle_steps, self._loads.maxlen))
+        self._loads.append(load)
+        self._started, self.value = now, max(self._loads)
+        return self.value
+
+    def end(self, now: float) -> None:
+        """The step begun last ended at time `now`."""
+        self._step_seconds, self._ended = now - self._started, now
 
 
 @dataclass
@@ -72,12 +108,15 @@ class ThroughputGuard:
     """Whether drafting is allowed at each load (module docstring). window: steps per open
     window (a closed one: half, at least 1), each window's first step left out; memory: windows of
     each mode whose median scores it; budget: the share of throughput that exploring the trailing
-    mode may cost; max_ratio: the most seconds the leader runs per second of the trailer's."""
+    mode may cost; max_ratio: the most seconds the leader runs per second of the trailer's; margin:
+    the fraction by which the open mode's median score must beat the closed one's to lead."""
 
-    def __init__(self, window: int = 32, memory: int = 8, budget: float = 0.005, max_ratio: float = 100.0):
-        if window < 1 or memory < 1 or budget <= 0 or max_ratio < 0:
-            raise ValueError("window and memory must be >= 1, budget > 0 and max_ratio >= 0")
+    def __init__(self, window: int = 32, memory: int = 8, budget: float = 0.005, max_ratio: float = 100.0,
+                 margin: float = 0.05):
+        if window < 1 or memory < 1 or budget <= 0 or max_ratio < 0 or margin < 0:
+            raise ValueError("window and memory must be >= 1, budget > 0, max_ratio and margin >= 0")
         self.window, self.memory, self.budget, self.max_ratio = window, memory, budget, max_ratio
+        self.margin = margin
         self._buckets: dict[int, _Bucket] = {}
         self.summary: tuple[dict, ...] = ()  # replaced whole as a window ends: other threads may read it
 
@@ -125,8 +164,12 @@ class ThroughputGuard:
             if mode not in bucket.scores:
                 return mode  # each mode's first window, open first
         lead = self._lead(bucket)
-        leader = OPEN if lead >= 0 else CLOSED
-        if bucket.leader is not None and leader != bucket.leader and not self._pays_to_switch(bucket, leader, lead):
+        # An open window's score leaves out what drafting costs around it (the switch into it, the
+        # steps with a prefill chunk): on an H100 at 16 in flight open and closed windows scored
+        # alike (1.16) while the server lost 1-7 % to plain. So drafting leads by the margin or not at all.
+        leader = OPEN if lead >= self.margin else CLOSED
+        if bucket.leader is not None and leader != bucket.leader and \
+                not self._pays_to_switch(bucket, leader, lead - self.margin):
             leader = bucket.leader  # a lead within what switching costs: modes that score alike stay put
         trailer = CLOSED if leader == OPEN else OPEN
         if last == trailer or leader != bucket.leader:
@@ -142,8 +185,8 @@ class ThroughputGuard:
         return trailer if bucket.leader_seconds >= wait else leader
 
     def _pays_to_switch(self, bucket: _Bucket, leader: str, lead: float) -> bool:
-        """Whether a new leader's lead, held for the time its median spans (`memory` of its windows),
-        gains more than the switch into it costs."""
+        """Whether a new leader's lead (past the margin), held for the time its median spans
+        (`memory` of its windows), gains more than the switch into it costs."""
         return abs(lead) * self.memory * bucket.last_seconds.get(leader, 0.0) >= bucket.switch_seconds.get(leader, 0.0)
 
     @staticmethod

@@ -96,12 +96,15 @@ class SpeculationPolicy:
     draft_seconds_per_pass: the drafter's seconds per drafting pass (one token for every drafting
     sequence) before the engine has timed it (DraftCost).
     min_gain: a step speculates only when its predicted rate beats plain's by this fraction (the
-    cost model is measured, so a prediction within its error is no reason to risk being slower).
+    cost model is measured, so a prediction within its error is no reason to risk being slower);
+    the guard, likewise, lets drafting run at a load only where its windows beat plain's by it.
     evidence_half_life: engine steps over which a sequence's own judged drafts lose half their
     weight (SequenceEvidence), so that one that stopped drafting after unlucky rounds tries again.
     guard_window: steps per window of the auto policy's ThroughputGuard (specdec.guard), which lets
     the policy draft at a batch size only while drafting's realized tokens per second beat plain
-    steps'; 0: no guard (the model's plans alone)."""
+    steps'; 0: no guard (the model's plans alone). load_hold: steps over which the guard reads the
+    load as its peak (HeldLoad), so that the dip between a finished request and its client's next
+    one is not a load of its own; 1: the load of each step alone."""
 
     mode: str = "request"
     k: int = 4
@@ -112,6 +115,7 @@ class SpeculationPolicy:
     min_gain: float = 0.05
     evidence_half_life: int = 16
     guard_window: int = 32
+    load_hold: int = 8
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -127,6 +131,8 @@ class SpeculationPolicy:
             raise InvalidRequestError(f"evidence_half_life must be >= 2 steps, got {self.evidence_half_life}")
         if self.guard_window < 0:
             raise InvalidRequestError(f"guard_window must be >= 0 steps (0: no guard), got {self.guard_window}")
+        if self.load_hold < 1:
+            raise InvalidRequestError(f"load_hold must be >= 1 step (1: no hold), got {self.load_hold}")
 
     @classmethod
     def auto(cls, k_max: int = 8, **kwargs) -> "SpeculationPolicy":
