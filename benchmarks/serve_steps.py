@@ -6,12 +6,13 @@ client in this process (no HTTP), step by step.
         --draft oracle:0.8:random:llama-3.2-1b -k 4 --speculation auto
 
 Everything after `--` is `specdec serve`'s arguments: the engine is the server's (ServerState). Each
-round runs the same requests twice in turns: `plain` (each request given a drafter that drafts nothing,
-so every step is plain and pipelines, as on a server with `--draft none`) and `auto` (the server's own
-drafter and policy). Printed per mode: seconds and tokens/s; for auto, each step that drafted: the
-load (sequences in the engine), its decoding sequences, the drafts, the tokens its drafters caught up
-on, and its seconds against the median plain step. It answers which steps cost auto its time at a load
-where the guard holds it to plain steps (docs/server.md, the H100 run of 2026-12-06).
+round runs one set of requests (the same in every round: rounds sample the timing, not the prompts)
+twice in turns: `plain` (each request given a drafter that drafts nothing, so every step is plain
+and pipelines, as on a server with `--draft none`) and `auto` (the server's own drafter and policy).
+Printed per mode: seconds and tokens/s; for auto, each step that drafted: the load (sequences in
+the engine), its decoding sequences, the drafts, the tokens its drafters caught up on, and its
+seconds against the median plain step. It answers which steps cost auto its time at a load where
+the guard holds it to plain steps (docs/server.md, the H100 run of 2026-12-06).
 """
 
 import argparse

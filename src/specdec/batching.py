@@ -344,7 +344,7 @@ class BatchedEngine:
             unit.seq.handle._emit(tokens, finished=reason is not None)  # listeners' time is not ours
         if self._guard is not None:
             self._guard_record(flight, emitted, time.perf_counter() - start, self._load)
-        self._held_load.end(time.perf_counter())
+        self._held_load.end(time.perf_counter(), empty=not self.busy)
         return self.busy
 
     def _guard_record(self, flight: _Flight, emitted: list, seconds: float, load: int) -> None:

@@ -97,7 +97,7 @@ class SpeculationPolicy:
     sequence) before the engine has timed it (DraftCost).
     min_gain: a step speculates only when its predicted rate beats plain's by this fraction (the
     cost model is measured, so a prediction within its error is no reason to risk being slower);
-    the guard, likewise, lets drafting run at a load only where its windows beat plain's by it.
+    the guard, likewise, counts its drafting windows' lead over plain ones only past it (its margin).
     evidence_half_life: engine steps over which a sequence's own judged drafts lose half their
     weight (SequenceEvidence), so that one that stopped drafting after unlucky rounds tries again.
     guard_window: steps per window of the auto policy's ThroughputGuard (specdec.guard), which lets
