@@ -77,8 +77,9 @@ def main() -> None:
     args = parser.parse_args()
     state = build_state(build_parser().parse_args(["serve", *(a for a in args.serve if a != "--")]))
     engine = state.engine
-    run(engine, prompts(4, engine.target.vocab_size, 99), 4, 16, plain=False)  # warm both paths
-    run(engine, prompts(4, engine.target.vocab_size, 99), 4, 16, plain=True)
+    warm = prompts(4, engine.target.vocab_size, 99)
+    run(engine, warm, 4, 16, plain=False)  # warm both paths
+    run(engine, warm, 4, 16, plain=True)
     # Every level asks from one set of requests, run once first unreported: an oracle drafter records
     # the target's continuation of a prompt it has not seen, at the target's full decoding cost
     # (seconds), as the serving benchmark's warm-up requests make it do before its levels.
@@ -95,8 +96,9 @@ def main() -> None:
             out.append(result)
         plain, auto = out[-2], out[-1]
         plain_step = statistics.median(s["seconds"] for s in plain["steps"])
-        print(f"round {r + 1}, concurrency {args.concurrency}, n {args.n}: auto / plain "
-              f"{auto['tokens_per_second'] / plain['tokens_per_second']:.3f}; median plain step {plain_step * 1e3:.2f} ms")
+        ratio = auto["tokens_per_second"] / plain["tokens_per_second"]
+        print(f"round {r + 1}, concurrency {args.concurrency}, n {args.n}: auto / plain {ratio:.3f}; "
+              f"median plain step {plain_step * 1e3:.2f} ms")
         report("plain", plain, plain_step)
         report("auto", auto, plain_step)
     print("guard:", json.dumps(engine.guard.summary if engine.guard else None))

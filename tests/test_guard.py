@@ -95,8 +95,8 @@ def test_noisy_windows_still_keep_throughput_near_the_better_mode(open_rate):
     realized = []
     for seed in range(10):
         served = Served()
-        run_windows(ThroughputGuard(window=32, margin=0.0), 16, 300, open_rate, served=served, noise=random.Random(seed),
-                    sigma=0.05)
+        run_windows(ThroughputGuard(window=32, margin=0.0), 16, 300, open_rate, served=served,
+                    noise=random.Random(seed), sigma=0.05)
         realized.append(served.tokens / served.seconds / (16 / 0.01) / max(open_rate, 1.0))
     assert min(realized) > 0.98 and statistics.mean(realized) > 0.988
 

@@ -318,10 +318,10 @@ class BatchedEngine:
             return self.busy
         self._draft_cost.tick()
         self._steps += 1
-        self._held_load.start(len(self._running) + len(self._waiting), time.perf_counter())
         if self.config.speculation.mode == "auto":
             fade_evidence(self.config.speculation, self._steps, [s.evidence for s in self._running])
         start = time.perf_counter()
+        self._held_load.start(len(self._running) + len(self._waiting), start)
         flight, self._ahead = self._still_ahead(), None
         drafted = start
         if flight is None:
@@ -342,9 +342,10 @@ class BatchedEngine:
             self._charge(unit, *phases)
             unit.seq.handle.finish_reason = reason
             unit.seq.handle._emit(tokens, finished=reason is not None)  # listeners' time is not ours
+        ended = time.perf_counter()
         if self._guard is not None:
-            self._guard_record(flight, emitted, time.perf_counter() - start, self._load)
-        self._held_load.end(time.perf_counter(), empty=not self.busy)
+            self._guard_record(flight, emitted, ended - start, self._load)
+        self._held_load.end(ended, empty=not self.busy)
         return self.busy
 
     def _guard_record(self, flight: _Flight, emitted: list, seconds: float, load: int) -> None:

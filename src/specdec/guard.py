@@ -20,8 +20,8 @@ model catching up on the plain steps' tokens, a plain step that could not be que
 the mode that runs steadily does not. The mode with the better median score over its latest
 `memory` windows runs, the open one only where it beats the closed one by a margin (its windows'
 scores leave out the switches and the steps with prefill chunks around them). The other one runs
-a window again once the leader has run long enough that
-exploring costs at most `budget` of throughput, so a change in load or in acceptance is seen. An
+a window again once the leader has run long enough that exploring costs at most `budget` of
+throughput, so a change in load or in acceptance is seen. An
 exploration costs the trailer's window (behind by a fraction g) and the two switches, into the
 trailer and back, each measured as the first step of a window that follows the other mode beyond
 its window's mean step; without switch costs a trailer gets a share of the time of budget / g
