@@ -140,17 +140,27 @@ def test_a_batched_drafter_drafts_what_it_drafts_alone(tiny_target, tiny_draft, 
 def test_draft_steps_run_as_one_forward_for_all_sequences(tiny_target, tiny_draft, monkeypatch):
     made = prototype("model-native", tiny_target, tiny_draft)
     drafters = [made.fork() for _ in range(4)]
-    calls = []
+    calls, logit_rows = [], []
     forward = made.pool.model.forward_ragged
-    monkeypatch.setattr(made.pool.model, "forward_ragged", lambda slots, tokens, **kw: (
-        calls.append(list(slots)), forward(slots, tokens, **kw))[1])
-    contexts = [[5, 6, 7], [9], [1, 2, 3, 4], [8, 8]]
+
+    def spy(slots, tokens, **kw):
+        out = forward(slots, tokens, **kw)
+        calls.append(list(slots))
+        logit_rows.append(out.logits.shape[0])
+        return out
+
+    monkeypatch.setattr(made.pool.model, "forward_ragged", spy)
+    contexts = [[5, 6, 7], [9], [t % VOCAB for t in range(1, 300)], [8, 8]]
     for d, c in zip(drafters, contexts):
         d.begin(c)
     calls.clear()
     drafts = propose_all(drafters, contexts, [3, 1, 3, 2], [SamplingParams()] * 4, [None] * 4)
     assert [len(d) for d in drafts] == [3, 1, 3, 2]
-    assert calls == [[0, 1, 2, 3], [0, 2, 3], [0, 2]]  # one call a draft step, the sequences still drafting
+    # The drafters more than two tokens behind read all but their last token first, with no logits;
+    # then one call a draft step over the sequences still drafting, each with at most two rows of
+    # logits (not the 299 of a prompt read with its drafts).
+    assert calls == [[0, 2], [0, 1, 2, 3], [0, 2, 3], [0, 2]]
+    assert logit_rows == [0, 1 + 1 + 1 + 2, 3, 2]
     for d in drafters:
         d.end()
     assert sorted(made.pool._free) == list(range(10))

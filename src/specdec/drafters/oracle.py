@@ -23,7 +23,7 @@ import torch
 
 from specdec.transfers import token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
-from specdec.drafters.model import DraftLease, DraftSlots, by_pool, step_together
+from specdec.drafters.model import STEADY_UNSEEN, DraftLease, DraftSlots, by_pool, step_together
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingParams
 
@@ -87,7 +87,7 @@ class OracleDrafter(Drafter):
         if self.draft_model is not None:
             self.draft_model.reset()
             if len(prompt) > 1:
-                self.draft_model.forward(self._tensor(prompt[:-1]))
+                self.draft_model.extend(self._tensor(prompt[:-1]))
         if self.lease is not None:
             self.lease.begin(prompt)
 
@@ -168,6 +168,9 @@ class OracleDrafter(Drafter):
     def _pay_draft_cost(self, context: list[int], tokens: torch.Tensor) -> None:
         """k draft steps, as ModelDrafter runs them: the unseen context first, then each proposal but the last."""
         fresh = self._tensor(context[self.draft_model.cache_len:])
+        if fresh.shape[0] > STEADY_UNSEEN:
+            self.draft_model.extend(fresh[:-1])
+            fresh = fresh[-1:]
         for i in range(tokens.shape[0]):
             self.draft_model.forward(fresh)
             fresh = tokens[i:i + 1]
