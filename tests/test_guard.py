@@ -124,6 +124,22 @@ def test_a_change_of_load_is_seen_by_exploring():
     assert modes[-10:].count("open") >= 9
 
 
+@pytest.mark.parametrize("switch_steps", [{}, {"open": 8, "closed": 1}])
+def test_an_exploration_that_beats_the_leader_runs_on(switch_steps):
+    """Drafting lost by 10 % long enough for its median to rest on several windows (a burst's tail),
+    then wins by half: the first exploration of the open mode runs on until its median leads. Going
+    back to plain steps after each explored window, the bucket needed four explorations, 290 windows,
+    to turn (at 1 in flight on the H200 such waits held a run at 1.05x plain where K = 4 read 1.54x).
+    While drafting still loses, each exploration goes back at once."""
+    guard = ThroughputGuard(window=32)
+    learnt = run_windows(guard, 1, 600, open_rate=0.9, switch_steps=switch_steps)
+    assert guard.summary[0]["open_windows"] >= 3 and learnt[-1] == "closed"
+    assert all(b == "closed" for a, b in zip(learnt[2:], learnt[3:]) if a == "open")
+    modes = run_windows(guard, 1, 300, open_rate=1.5, switch_steps=switch_steps)
+    turned = modes[modes.index("open"):]
+    assert len(turned) > 200 and turned.count("open") >= 0.95 * len(turned)
+
+
 @pytest.mark.parametrize("open_rate, drafts", [(1.0, False), (1.03, False), (1.08, True)])
 def test_drafting_runs_only_where_its_windows_beat_plain_by_the_margin(open_rate, drafts):
     """Open windows score without the switches and prefill steps around them: a tie, or a lead

@@ -21,7 +21,9 @@ the mode that runs steadily does not. The mode with the better median score over
 `memory` windows runs, the open one only where it beats the closed one by a margin (its windows'
 scores leave out the switches and the steps with prefill chunks around them). The other one runs
 a window again once the leader has run long enough that exploring costs at most `budget` of
-throughput, so a change in load or in acceptance is seen. An
+throughput, so a change in load or in acceptance is seen; an exploration whose window beats the
+leader's median (past the margin, where the open mode explores) runs on, window after window, until
+its own median leads or one of its windows loses, so that a bucket turns once a change is seen. An
 exploration costs the trailer's window (behind by a fraction g) and the two switches, into the
 trailer and back, each measured as the first step of a window that follows the other mode beyond
 its window's mean step; without switch costs a trailer gets a share of the time of budget / g
@@ -45,6 +47,10 @@ from dataclasses import dataclass, field
 
 OPEN, CLOSED = "open", "closed"
 MODES = (OPEN, CLOSED)  # the order of each mode's first window
+
+
+def _other(mode: str) -> str:
+    return CLOSED if mode == OPEN else OPEN
 
 
 class HeldLoad:
@@ -173,9 +179,12 @@ class ThroughputGuard:
         # hidden cost: the lead that decides, prices a switch and an exploration is the one past it.
         lead = self._lead(bucket) - self.margin
         leader = OPEN if lead >= 0 else CLOSED
-        if bucket.leader is not None and leader != bucket.leader and not self._pays_to_switch(bucket, leader, lead):
+        if (bucket.leader is not None and leader != bucket.leader and last != leader
+                and not self._pays_to_switch(bucket, leader, lead)):
             leader = bucket.leader  # a lead within what switching costs: modes that score alike stay put
-        trailer = CLOSED if leader == OPEN else OPEN
+        trailer = _other(leader)
+        if last == trailer and leader == bucket.leader and self._latest_leads(bucket, trailer):
+            return trailer  # an exploration that beat the leader runs on, until its median leads or it loses
         if last == trailer or leader != bucket.leader:
             bucket.leader, bucket.leader_seconds = leader, 0.0
             return leader
@@ -192,6 +201,16 @@ class ThroughputGuard:
         """Whether a new leader's lead (past the margin), held for the time its median spans
         (`memory` of its windows), gains more than the switch into it costs."""
         return abs(lead) * self.memory * bucket.last_seconds.get(leader, 0.0) >= bucket.switch_seconds.get(leader, 0.0)
+
+    def _latest_leads(self, bucket: _Bucket, mode: str) -> bool:
+        """Whether the latest window of `mode` beat the other mode's median past the margin. A
+        bucket's medians can hold what another time taught it (the tail of a burst, a warm-up):
+        turning a median of 8 windows by explorations alone, each after its wait, takes many waits
+        (at 1 in flight on the H200 a run that followed a burst read 1.05x plain where K = 4 read
+        1.54x, and its guard mostly closed)."""
+        latest, other = bucket.scores[mode][-1], statistics.median(bucket.scores[_other(mode)])
+        lead = (latest / other if mode == OPEN else other / latest) - 1 - self.margin
+        return lead >= 0 if mode == OPEN else lead < 0
 
     @staticmethod
     def _lead(bucket: _Bucket) -> float:
