@@ -504,6 +504,44 @@ def test_auto_times_its_drafts_without_waiting_for_the_device(tiny_target, monke
     assert engine._draft_cost._per_unseen.median is not None  # the first draft caught up on the prompt
 
 
+# The H200's verify at batch 1 (ms, 1 / 2 / 3 / 5 rows) and its drafter at 1 in flight: a three-pass
+# drafting step 4.14 ms, a four-pass one 4.88 (steps of 8.66 and 9.40 ms in all).
+H200_BATCH_ONE = VerifyCostTable.from_rows([(1, 4.52e-3), (2, 4.51e-3), (3, 4.53e-3), (5, 4.55e-3)])
+
+
+def test_the_draft_cost_splits_into_a_fixed_part_and_passes_and_the_fourth_draft_pays():
+    cost = DraftCost(prior=0.0, min_samples=8)
+    for _ in range(8):
+        cost.record(4.14e-3, 3)
+    assert cost.fixed == 0.0 and cost.per_pass == pytest.approx(1.38e-3)  # one pass count: seconds over passes
+    assert choose_ks([0.8], [4], H200_BATCH_ONE, cost.per_pass, draft_fixed=cost.fixed).ks == (3,)
+    for _ in range(7):
+        cost.record(4.88e-3, 4)
+    assert cost.fixed == 0.0  # seven steps at four passes: not yet a median to fit
+    cost.record(4.88e-3, 4)
+    assert cost.fixed == pytest.approx(1.92e-3) and cost.per_pass == pytest.approx(0.74e-3)
+    assert cost.seconds(4) == pytest.approx(4.88e-3) and cost.seconds(0) == 0.0
+    assert choose_ks([0.8], [4], H200_BATCH_ONE, cost.per_pass, draft_fixed=cost.fixed).ks == (4,)
+    # Only four-pass steps from now on: the three-pass median is kept, and the line with it.
+    for _ in range(100):
+        cost.tick()
+        cost.record(4.88e-3, 4)
+    assert cost.per_pass == pytest.approx(0.74e-3)
+
+
+def test_a_draft_cost_line_of_no_positive_cost_or_no_drafting_falls_back():
+    cost = DraftCost(prior=1e-3, window=8, memory=20, min_samples=2)
+    for seconds, passes in ((3e-3, 1), (3e-3, 1), (2e-3, 2), (2e-3, 2)):  # more passes, fewer seconds: noise
+        cost.record(seconds, passes)
+    assert cost.fixed == 0.0 and cost.per_pass == pytest.approx(2e-3)  # the median of seconds over passes
+    for _ in range(21):  # no drafting step for `memory` steps: all forgotten
+        cost.tick()
+    assert cost.fixed == 0.0 and cost.per_pass == 1e-3
+    cost.record(5e-3, 4)
+    cost.record(5e-3, 4)
+    assert cost.fixed == 0.0 and cost.per_pass == pytest.approx(1.25e-3)  # the old pass counts are gone
+
+
 def test_catching_up_is_priced_per_token_beyond_the_passes():
     cost = DraftCost(prior=1e-3)
     assert cost.per_unseen_token == 0.0  # nothing seen: no entry costs

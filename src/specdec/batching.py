@@ -531,7 +531,8 @@ class BatchedEngine:
         ks = flight.ks
         if any(ks) and self._caught_up_on:
             return
-        predicted = step_seconds(self._verify_cost, ks, flight.prefill_rows, self._draft_cost.per_pass)
+        cost = self._draft_cost
+        predicted = step_seconds(self._verify_cost, ks, flight.prefill_rows, cost.per_pass, cost.fixed)
         self._calibration.record(observed, predicted, any(ks))
 
     def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
@@ -553,13 +554,13 @@ class BatchedEngine:
         other_rows = self._prefill_rows()
         # The same inputs give the same plan: through a plain stretch only the calibration moves,
         # read to 2 %, so at high load (where the host's time a step is the server's) it is reused.
-        per_pass, factor = self._draft_cost.per_pass, self._calibration.factor_to(0.02)
-        entry = self._entry_costs(decoding)
-        inputs = (tuple(alphas), tuple(caps), per_pass, tuple(other_rows), factor, entry)
+        per_pass, fixed = self._draft_cost.per_pass, self._draft_cost.fixed
+        factor, entry = self._calibration.factor_to(0.02), self._entry_costs(decoding)
+        inputs = (tuple(alphas), tuple(caps), per_pass, fixed, tuple(other_rows), factor, entry)
         if inputs != self._planned_for:
             self._planned_for = inputs
             self._latest_plan = choose_ks(alphas, caps, self._verify_cost, per_pass, other_rows, policy.min_gain,
-                                          factor, entry)
+                                          factor, entry, fixed)
         self._plain_batch = None if any(self._latest_plan.ks) or other_rows else batch
         return self._latest_plan
 

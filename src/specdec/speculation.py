@@ -3,9 +3,9 @@
 A step of the batched engine runs one target pass over every decoding sequence's K_i + 1 rows.
 Its expected yield is sum_i tau(a_i, K_i) tokens, tau(a, K) = (1 - a^(K+1)) / (1 - a)
 (specdec.speedup), and its cost is the target pass over those rows (a measured verify-cost table
-over batch size and rows per sequence) plus the drafter's passes: max_i K_i of them, each drafting
-one token for every sequence still drafting (a draft model's pass over a few rows costs about what
-one row does). The auto policy picks the K_i that maximise tokens per second of the whole batch,
+over batch size and rows per sequence) plus the drafter's: a fixed part and max_i K_i passes, each
+drafting one token for every sequence still drafting (a draft model's pass over a few rows costs
+about what one row does; DraftCost). The auto policy picks the K_i that maximise tokens per second of the whole batch,
 exactly (choose_ks: the cost depends on the drafts only through their number and their largest K,
 and each sequence's j-th draft yields a^j), with all K_i = 0 (a plain step) among the candidates:
 under its own model a step is never predicted slower than plain decoding. Each sequence's
@@ -173,49 +173,95 @@ class RecentMedian:
         self._samples.append(value)
         self._added_at = self._ticks
 
+    def __len__(self) -> int:
+        return len(self._samples)
+
     @property
     def median(self) -> float | None:
         return statistics.median(self._samples) if self._samples else None
 
 
 class DraftCost:
-    """The drafter's seconds per drafting pass as the auto policy reads it: a step that drafts up to
-    K tokens for some sequences runs K passes, each drafting one token for every sequence still
+    """The drafter's seconds in a drafting step as the auto policy reads them: a step that drafts up
+    to K tokens for some sequences runs K passes, each drafting one token for every sequence still
     drafting (a draft model: one forward_ragged over those rows, whose cost hardly depends on how
-    many there are). The median of the latest `window` timed drafting steps, each step's seconds
-    over its passes, so that one outlier (a busy moment) does not set it; forgotten after `memory`
-    steps without one (RecentMedian). The engine times only steps where no drafter catches up on
-    text it has not seen (its first draft reads the prompt; after a plain stretch it reads every
-    token since): those cost the catching up, not the drafting, and are read apart: their seconds
-    beyond their passes, per token caught up on (per_unseen_token; 0 before any was seen). prior:
-    what per_pass reads before any step was timed."""
+    many there are), and pays some seconds whatever its passes (the first pass's launch, the drafts
+    gathered for the verify). seconds(passes) = fixed + per_pass * passes.
 
-    def __init__(self, prior: float, window: int = 32, memory: int = 512):
-        self.prior = prior
+    Each timed drafting step's seconds go to the median of the latest `window` steps of its pass
+    count. With at least `min_samples` steps at two pass counts or more, fixed and per_pass are the
+    line through those medians (least squares); else fixed is 0 and per_pass the median of the
+    latest steps' seconds over their passes, which prices a pass with its share of the fixed part:
+    on the H200 at 1 in flight a three-pass step took 8.66 ms and a four-pass one 9.40, so a fourth
+    pass cost 0.74 ms where seconds over passes read 1.2-1.4, and the policy drafted three tokens
+    where four paid. Without a drafting step for `memory` steps all is forgotten (RecentMedian), so
+    that a cost too high to let anyone draft cannot hold for good. The engine times only steps where
+    no drafter catches up on text it has not seen (its first draft reads the prompt; after a plain
+    stretch it reads every token since): those cost the catching up, not the drafting, and are read
+    apart: their seconds beyond seconds(passes), per token caught up on (per_unseen_token; 0 before
+    any was seen). prior: per_pass before any step was timed."""
+
+    def __init__(self, prior: float, window: int = 32, memory: int = 512, min_samples: int = 8):
+        self.prior, self.window, self.min_samples = prior, window, min_samples
         self._per_pass = RecentMedian(window, memory)
+        self._by_passes: dict[int, RecentMedian] = {}  # kept while drafting goes on at any pass count
         self._per_unseen = RecentMedian(window, memory)
+        self._fitted: tuple[float, float] | None = None
 
     def tick(self) -> None:
         """One engine step went by."""
         self._per_pass.tick()
         self._per_unseen.tick()
+        if self._per_pass.median is None and self._by_passes:
+            self._by_passes.clear()
+            self._fitted = None
 
     def record(self, seconds: float, passes: int) -> None:
         self._per_pass.add(seconds / passes)
+        self._by_passes.setdefault(passes, RecentMedian(self.window, None)).add(seconds)
+        self._fitted = None
 
     def record_catch_up(self, seconds: float, passes: int, unseen: int) -> None:
         """A drafting step in which drafters caught up on `unseen` tokens of text in all."""
-        self._per_unseen.add(max(0.0, seconds - passes * self.per_pass) / max(unseen, 1))
+        self._per_unseen.add(max(0.0, seconds - self.seconds(passes)) / max(unseen, 1))
+
+    def seconds(self, passes: int) -> float:
+        """A drafting step's seconds at this many passes (0 passes: no drafting, no seconds)."""
+        return self.fixed + self.per_pass * passes if passes else 0.0
 
     @property
     def per_pass(self) -> float:
-        median = self._per_pass.median
-        return self.prior if median is None else median
+        return self._fit()[1]
+
+    @property
+    def fixed(self) -> float:
+        return self._fit()[0]
 
     @property
     def per_unseen_token(self) -> float:
         median = self._per_unseen.median
         return 0.0 if median is None else median
+
+    def _fit(self) -> tuple[float, float]:
+        """(fixed, per_pass), worked out again only after a step was recorded or all was forgotten."""
+        if self._fitted is None:
+            median = self._per_pass.median
+            points = [(m, r.median) for m, r in self._by_passes.items() if len(r) >= self.min_samples]
+            fixed, slope = _line(points) if len(points) >= 2 else (0.0, 0.0)
+            if median is None:
+                self._fitted = (0.0, self.prior)
+            elif fixed >= 0 and slope > 0:
+                self._fitted = (fixed, slope)
+            else:  # one pass count, or medians that no line of positive cost fits
+                self._fitted = (0.0, median)
+        return self._fitted
+
+
+def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (x, y) points at two x or more."""
+    xs, ys = np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points], dtype=float)
+    slope = float(np.sum((xs - xs.mean()) * (ys - ys.mean())) / np.sum((xs - xs.mean()) ** 2))
+    return float(ys.mean() - slope * xs.mean()), slope
 
 
 class AcceptancePool:
@@ -355,23 +401,26 @@ class StepPlan:
         return len(self.ks) / self.plain_seconds
 
 
-def step_seconds(cost: VerifyCostTable, ks: Sequence[int], other_rows: Sequence[int], draft_per_pass: float) -> float:
-    """Predicted seconds of a step: one pass over every sequence's rows plus max(ks) drafting passes."""
+def step_seconds(cost: VerifyCostTable, ks: Sequence[int], other_rows: Sequence[int], draft_per_pass: float,
+                 draft_fixed: float = 0.0) -> float:
+    """Predicted seconds of a step: one pass over every sequence's rows plus, where any drafts, the
+    drafter's fixed seconds and max(ks) drafting passes (DraftCost)."""
     passes = max(ks, default=0)
-    return _shape_seconds(cost, len(ks), sum(ks), passes, tuple(other_rows), draft_per_pass if passes else 0.0)
+    return _shape_seconds(cost, len(ks), sum(ks), passes, tuple(other_rows), draft_per_pass if passes else 0.0,
+                          draft_fixed if passes else 0.0)
 
 
 @functools.lru_cache(maxsize=1024)
 def _shape_seconds(cost: VerifyCostTable, num_seqs: int, drafts: int, passes: int, other_rows: tuple[int, ...],
-                   draft_per_pass: float) -> float:
+                   draft_per_pass: float, draft_fixed: float) -> float:
     """step_seconds by the step's shape, remembered: the engine prices every step it calibrates on, and
     through a plain stretch the shape repeats (numpy's interpolation costs tens of microseconds)."""
-    return float(_seconds_with(cost, num_seqs, np.asarray([drafts]), passes, other_rows, draft_per_pass)[0])
+    return float(_seconds_with(cost, num_seqs, np.asarray([drafts]), passes, other_rows, draft_per_pass)[0]) + draft_fixed
 
 
 def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTable, draft_per_pass: float,
               other_rows: Sequence[int] = (), min_gain: float = 0.0, drafting_factor: float = 1.0,
-              entry: Sequence[float] = ()) -> StepPlan:
+              entry: Sequence[float] = (), draft_fixed: float = 0.0) -> StepPlan:
     """The K_i (0 up to caps[i]) that maximise the batch's predicted tokens per second.
 
     A step's cost depends on the drafts only through their total D (the pass over B sequences and
@@ -387,8 +436,9 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     seconds are multiplied by (StepCalibration). entry: by sequence, the seconds its drafting adds
     this step whatever its K (a drafter catching up on text it has not seen); with any, the plan is
     the best of the D largest gains' prefixes, each paying the entries of the sequences in it, with
-    and without the sequences that have an entry. A plan predicted less than min_gain above plain's
-    rate gives way to the plain step."""
+    and without the sequences that have an entry. draft_fixed: the drafter's seconds a drafting step
+    pays whatever its passes (DraftCost). A plan predicted less than min_gain above plain's rate gives
+    way to the plain step."""
     n, filling = len(alphas), len(other_rows)
     verify = _seconds_with(cost, n, np.arange(sum(caps) + 1), 0, other_rows, 0.0)  # [D + 1]: every total, once
     plain = float(verify[0])
@@ -404,7 +454,7 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
             order = np.argsort(-gains, kind="stable")  # a sequence's first draft comes before its others
             tokens = n + np.cumsum(gains[order])
             paid = np.cumsum(np.where(place == 1, entries[owner], 0.0)[order])  # entries of the sequences in
-            seconds = (verify[1:owner.size + 1] + draft_per_pass * m) * drafting_factor + paid
+            seconds = (verify[1:owner.size + 1] + draft_fixed + draft_per_pass * m) * drafting_factor + paid
             worth = (tokens + filling) / seconds
             d = int(np.argmax(worth))  # the first of equals: the fewest drafts
             if worth[d] > best[0]:
