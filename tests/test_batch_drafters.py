@@ -156,11 +156,11 @@ def test_draft_steps_run_as_one_forward_for_all_sequences(tiny_target, tiny_draf
     calls.clear()
     drafts = propose_all(drafters, contexts, [3, 1, 3, 2], [SamplingParams()] * 4, [None] * 4)
     assert [len(d) for d in drafts] == [3, 1, 3, 2]
-    # The drafters more than two tokens behind read all but their last token first, with no logits;
-    # then one call a draft step over the sequences still drafting, each with at most two rows of
-    # logits (not the 299 of a prompt read with its drafts).
-    assert calls == [[0, 2], [0, 1, 2, 3], [0, 2, 3], [0, 2]]
-    assert logit_rows == [0, 1 + 1 + 1 + 2, 3, 2]
+    # The drafter more than CATCH_UP_TOKENS behind reads all but its last token first, with no logits;
+    # then one call a draft step over the sequences still drafting, the first one with the few unseen
+    # rows of the others (not the 299 of a prompt read with its drafts).
+    assert calls == [[2], [0, 1, 2, 3], [0, 2, 3], [0, 2]]
+    assert logit_rows == [0, 3 + 1 + 1 + 2, 3, 2]
     for d in drafters:
         d.end()
     assert sorted(made.pool._free) == list(range(10))

@@ -43,7 +43,7 @@ class ModelDrafter(Drafter):
         if k < 1:
             return empty_draft(self.model.device)
         fresh = self._tensor(context[self.model.cache_len:])  # the text its cache has not seen yet
-        if fresh.shape[0] > STEADY_UNSEEN:  # catching up: as step_together does
+        if fresh.shape[0] > CATCH_UP_TOKENS:  # catching up: as step_together does
             self.model.extend(fresh[:-1])
             fresh = fresh[-1:]
         tokens, qs = [], []
@@ -142,10 +142,11 @@ class DraftLease:
             self.slot = None
 
 
-# A drafting step leaves a drafter at most this many tokens behind its text (its last draft, never
-# fed, and the target's token after it); more is a catch-up (a prompt, a stretch of plain steps),
-# whose text but the last token goes in without logits.
-STEADY_UNSEEN = 2
+# A drafter more tokens behind its text than this is catching up (a prompt, a stretch of plain
+# steps): its text but the last token goes in first, in a pass that asks for no logits. Fewer (a
+# round leaves two unseen, a step without drafts one more) go in with the first draft pass: their
+# few rows of logits cost less than a pass of their own would.
+CATCH_UP_TOKENS = 16
 
 # choose(i, step, logits [V_draft]) -> sequence i's token [0-d] at this draft step
 Choose = Callable[[int, int, torch.Tensor], torch.Tensor]
@@ -155,14 +156,14 @@ def step_together(leases: Sequence[DraftLease], contexts: Sequence[list[int]], k
                   choose: Choose) -> None:
     """ks[i] draft steps for sequence i, as ModelDrafter runs them alone (its unseen text first, then
     each chosen token but the last), one forward_ragged a step over the sequences still drafting
-    (all leases of one DraftSlots). A drafter catching up (STEADY_UNSEEN) first reads its unseen text
-    but the last token in a pass of its own that asks for no logits: a draft reads only its last
+    (all leases of one DraftSlots). A drafter catching up (CATCH_UP_TOKENS) first reads its unseen
+    text but the last token in a pass of its own that asks for no logits: a draft reads only its last
     row's, and 32 drafters catching up on a few hundred tokens each would otherwise ask for [rows, V]
     fp32 logits at once (at an 8B model's 128K vocabulary, the 3 GiB an H100 serving three servers
-    ran out of). In a steady step that extra pass would cost more than the one spare row it saves."""
+    ran out of)."""
     model = leases[0].pool.model
     fresh = [lease.unseen(context) for lease, context in zip(leases, contexts)]
-    behind = [i for i, k in enumerate(ks) if k > 0 and fresh[i].shape[0] > STEADY_UNSEEN]
+    behind = [i for i, k in enumerate(ks) if k > 0 and fresh[i].shape[0] > CATCH_UP_TOKENS]
     if behind:
         model.forward_ragged([leases[i].slot for i in behind], [fresh[i][:-1] for i in behind],
                              logits=[False] * len(behind))
