@@ -81,7 +81,7 @@ def test_the_speculation_endpoint_shows_what_the_metrics_show():
     decision = httpx.get(server.url + "/speculation").json()
     batch, ks = metrics_decision(server.url)
     assert decision["mode"] == "fixed" and decision["batch_size"] == batch >= 1 and decision["ks"] == ks
-    assert decision["predicted_tokens_per_second"] is None  # auto's prediction; a fixed K has none
+    assert decision["predicted_tokens_per_second"] is None and decision["draft_seconds"] is None  # auto's only
 
 
 def test_the_auto_servers_throughput_guard_is_in_the_endpoint_and_the_metrics():
@@ -93,6 +93,8 @@ def test_the_auto_servers_throughput_guard_is_in_the_endpoint_and_the_metrics():
                               extra_body={"ignore_eos": True})
     decision = httpx.get(server.url + "/speculation").json()
     assert decision["mode"] == "auto" and decision["drafting"] in ("open", "closed")
+    fixed, per_pass = decision["draft_seconds"]  # the drafter's cost as the policy prices its steps
+    assert fixed >= 0 and per_pass > 0
     row = next(r for r in decision["guard"] if r["batch"] == 1)
     assert row["open_windows"] >= 1 and row["closed_windows"] >= 1 and row["mode"] in ("open", "closed")
     text = httpx.get(server.url + "/metrics").text

@@ -58,6 +58,8 @@ def test_the_guard_of_an_auto_server_is_noted_at_its_levels_batch_size(serving):
     assert serving.guard_note(run, 1) == "; guard at 1: open (open 1.31, closed 0.97 of predicted plain)"
     assert serving.guard_note(run, 4) == ""  # no window scored at 4 in flight
     assert serving.guard_note({"output_throughput": 1.0, "guard": None}, 1) == ""
+    priced = {**run, "draft_seconds": [1.92e-3, 0.74e-3]}  # the auto policy's draft cost, fixed and per pass
+    assert serving.guard_note(priced, 16).endswith("of predicted plain); draft 1.92 + 0.74 ms a pass")
 
 
 def test_servers_start_in_the_order_named_and_plain_b_only_when_named(serving):

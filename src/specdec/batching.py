@@ -521,8 +521,9 @@ class BatchedEngine:
                                               drafting=self._drafting())
             return [0] * len(decoding)
         plan = self._auto_plan(decoding)
+        cost = self._draft_cost
         self.last_decision = StepDecision("auto", ids, plan.ks, len(self._running), plan.predicted_tokens_per_second,
-                                          plan.plain_tokens_per_second, self._drafting())
+                                          plan.plain_tokens_per_second, self._drafting(), (cost.fixed, cost.per_pass))
         return list(plan.ks)
 
     def _calibrate(self, flight: _Flight, observed: float) -> None:

@@ -518,7 +518,8 @@ class StepDecision:
     batch_size: sequences in the pass (prefilling ones included). The predictions are the auto
     policy's (None in the other modes), in tokens per second of the whole batch. drafting: the auto
     policy's ThroughputGuard at this batch size, "open" (the policy chooses) or "closed" (plain
-    steps); None in the other modes or without a guard."""
+    steps); None in the other modes or without a guard. draft_seconds: the drafter's cost as the auto
+    policy prices a step, (fixed, per pass) in seconds (DraftCost); None in the other modes."""
 
     mode: str
     request_ids: tuple[int, ...]
@@ -527,6 +528,7 @@ class StepDecision:
     predicted_tokens_per_second: float | None = None
     plain_tokens_per_second: float | None = None
     drafting: str | None = None
+    draft_seconds: tuple[float, float] | None = None
 
 
 def _powers_up_to(n: int) -> tuple[int, ...]:

@@ -225,13 +225,15 @@ async def _metrics(client) -> dict | None:
         return None
 
 
-async def _guard(client) -> list | None:
-    """Our auto server's throughput guard by batch size (/speculation), None from other servers."""
+async def _speculation(client) -> dict:
+    """Our auto server's throughput guard by batch size and its draft cost (fixed, per pass) as
+    /speculation gives them; None for each from other servers."""
     try:
         response = await client.get("/speculation")
-        return response.json().get("guard") or None if response.status_code == 200 else None
+        shown = response.json() if response.status_code == 200 else {}
     except Exception:  # noqa: BLE001 - not our server
-        return None
+        shown = {}
+    return {"guard": shown.get("guard") or None, "draft_seconds": shown.get("draft_seconds")}
 
 
 async def _server_info(client, model: str | None) -> tuple[str, dict]:
@@ -270,7 +272,7 @@ async def bench(args: argparse.Namespace, prompts: list[str], levels: list[int],
                 results, duration = await run_level(client, args, model, prompts, concurrency)
                 summary = summarize(results, duration, concurrency)
                 summary["spec_decode"] = spec_delta(before, await _metrics(client))
-                summary["guard"] = await _guard(client)
+                summary.update(await _speculation(client))
                 out[label]["runs"].append(summary)
     return {"servers": list(out.values())}
 
