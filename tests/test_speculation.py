@@ -504,6 +504,23 @@ def test_auto_times_its_drafts_without_waiting_for_the_device(tiny_target, monke
     assert engine._draft_cost._per_unseen.median is not None  # the first draft caught up on the prompt
 
 
+@pytest.mark.parametrize("dear_at, drafts", [(4, True), (32, True), (1, False)])
+def test_the_draft_cost_is_kept_by_load(tiny_target, dear_at, drafts):
+    """A drafting pass priced at a second at one load (as a burst at 32 in flight can teach) prices
+    drafting at that load only: a lone sequence still drafts unless the dear price is load 1's."""
+    from specdec.guard import ThroughputGuard
+
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)]))
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), lambda: make_drafter("lookup", None, None),
+                           config=BatchConfig(64, policy))
+    dear = DraftCost(prior=0.0)
+    dear.record(4.0, 4)
+    engine._draft_costs[ThroughputGuard.bucket_of(dear_at)] = dear
+    handle = engine.submit([5, 6, 7, 5, 6, 7, 5, 6], GenerationConfig(max_new_tokens=24, ignore_eos=True))
+    engine.run()
+    assert (handle.stats.drafted > 0) == drafts
+
+
 # The H200's verify at batch 1 (ms, 1 / 2 / 3 / 5 rows) and its drafter at 1 in flight: a three-pass
 # drafting step 4.14 ms, a four-pass one 4.88 (steps of 8.66 and 9.40 ms in all).
 H200_BATCH_ONE = VerifyCostTable.from_rows([(1, 4.52e-3), (2, 4.51e-3), (3, 4.53e-3), (5, 4.55e-3)])

@@ -218,6 +218,16 @@ class _Flight:
         return tuple(int(u.tokens.shape[0]) for u in self.units if u.draft is None)
 
 
+def _at_load(store: dict, load: int, make: Callable):
+    """store's entry for the guard bucket of this load, made on first use (not setdefault: it would
+    make one every step)."""
+    bucket = ThroughputGuard.bucket_of(load)
+    entry = store.get(bucket)
+    if entry is None:
+        entry = store[bucket] = make()
+    return entry
+
+
 class BatchedEngine:
     """Speculative decoding of many sequences at once over a slot model (continuous batching).
 
@@ -241,8 +251,9 @@ class BatchedEngine:
         self._verify_cost = policy.verify_cost
         if policy.mode == "auto" and self._verify_cost is None:
             self._verify_cost = measure_verify_cost(target, policy.k)
-        self._draft_cost = DraftCost(policy.draft_seconds_per_pass)
-        self._calibration = StepCalibration()
+        # By the guard's load bucket: what drafting cost at 32 in flight is no price for it at 1.
+        self._draft_costs: dict[int, DraftCost] = {}
+        self._calibrations: dict[int, StepCalibration] = {}
         self._acceptance = AcceptancePool(policy)
         self._guard = (ThroughputGuard(policy.guard_window, margin=policy.min_gain)
                        if policy.mode == "auto" and policy.guard_window else None)
@@ -316,7 +327,8 @@ class BatchedEngine:
         self._admit()
         if not self._running:
             return self.busy
-        self._draft_cost.tick()
+        for cost in self._draft_costs.values():
+            cost.tick()
         self._steps += 1
         if self.config.speculation.mode == "auto":
             fade_evidence(self.config.speculation, self._steps, [s.evidence for s in self._running])
@@ -360,6 +372,18 @@ class BatchedEngine:
             return  # prefill in the pass, or no sequence that could draft: no evidence for either mode
         plain = step_seconds(self._verify_cost, (0,) * n, (), 0.0)
         self._guard.record(load, n, sum(len(tokens) for _, tokens, _ in emitted), seconds, plain)
+
+    @property
+    def _draft_cost(self) -> DraftCost:
+        """The drafter's cost at the load now (its guard bucket's). Kept for the whole engine, a cost
+        learnt at 32 in flight (a pass over 32 rows, their drafts gathered one by one) priced drafting
+        at 1 in flight after a burst, and held it there in plain steps until forgotten."""
+        return _at_load(self._draft_costs, self._load, lambda: DraftCost(self.config.speculation.draft_seconds_per_pass))
+
+    @property
+    def _calibration(self) -> StepCalibration:
+        """The step calibration at the load now (its guard bucket's), as _draft_cost."""
+        return _at_load(self._calibrations, self._load, StepCalibration)
 
     @property
     def _load(self) -> int:
