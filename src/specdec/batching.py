@@ -30,7 +30,7 @@ import torch
 
 from specdec.batch_rule import StepRule, queue_rule, with_logprobs
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
-from specdec.guard import HeldLoad, ThroughputGuard
+from specdec.guard import HeldLoad, ThroughputGuard, at_bucket
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
@@ -218,16 +218,6 @@ class _Flight:
         return tuple(int(u.tokens.shape[0]) for u in self.units if u.draft is None)
 
 
-def _at_load(store: dict, load: int, make: Callable):
-    """store's entry for the guard bucket of this load, made on first use (not setdefault: it would
-    make one every step)."""
-    bucket = ThroughputGuard.bucket_of(load)
-    entry = store.get(bucket)
-    if entry is None:
-        entry = store[bucket] = make()
-    return entry
-
-
 class BatchedEngine:
     """Speculative decoding of many sequences at once over a slot model (continuous batching).
 
@@ -378,12 +368,12 @@ class BatchedEngine:
         """The drafter's cost at the load now (its guard bucket's). Kept for the whole engine, a cost
         learnt at 32 in flight (a pass over 32 rows, their drafts gathered one by one) priced drafting
         at 1 in flight after a burst, and held it there in plain steps until forgotten."""
-        return _at_load(self._draft_costs, self._load, lambda: DraftCost(self.config.speculation.draft_seconds_per_pass))
+        return at_bucket(self._draft_costs, self._load, lambda: DraftCost(self.config.speculation.draft_seconds_per_pass))
 
     @property
     def _calibration(self) -> StepCalibration:
         """The step calibration at the load now (its guard bucket's), as _draft_cost."""
-        return _at_load(self._calibrations, self._load, StepCalibration)
+        return at_bucket(self._calibrations, self._load, StepCalibration)
 
     @property
     def _load(self) -> int:

@@ -44,9 +44,20 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 OPEN, CLOSED = "open", "closed"
 MODES = (OPEN, CLOSED)  # the order of each mode's first window
+
+
+def at_bucket(store: dict, load: int, make: Callable):
+    """store's entry for the bucket of this load (ThroughputGuard.bucket_of), made on first use (not
+    setdefault: it would make one every step)."""
+    size = ThroughputGuard.bucket_of(load)
+    entry = store.get(size)
+    if entry is None:
+        entry = store[size] = make()
+    return entry
 
 
 def _other(mode: str) -> str:
@@ -208,9 +219,9 @@ class ThroughputGuard:
         turning a median of 8 windows by explorations alone, each after its wait, takes many waits
         (at 1 in flight on the H200 a run that followed a burst read 1.05x plain where K = 4 read
         1.54x, and its guard mostly closed)."""
-        latest, other = bucket.scores[mode][-1], statistics.median(bucket.scores[_other(mode)])
-        lead = (latest / other if mode == OPEN else other / latest) - 1 - self.margin
-        return lead >= 0 if mode == OPEN else lead < 0
+        scores = {mode: bucket.scores[mode][-1], _other(mode): statistics.median(bucket.scores[_other(mode)])}
+        open_leads = scores[OPEN] / scores[CLOSED] - 1 - self.margin >= 0
+        return open_leads == (mode == OPEN)
 
     @staticmethod
     def _lead(bucket: _Bucket) -> float:
@@ -218,11 +229,7 @@ class ThroughputGuard:
         return statistics.median(bucket.scores[OPEN]) / statistics.median(bucket.scores[CLOSED]) - 1
 
     def _bucket(self, load: int) -> _Bucket:
-        size = self.bucket_of(load)
-        bucket = self._buckets.get(size)  # not setdefault: it would build a bucket every step
-        if bucket is None:
-            bucket = self._buckets[size] = _Bucket()
-        return bucket
+        return at_bucket(self._buckets, load, _Bucket)
 
     def _summarize(self) -> tuple[dict, ...]:
         """Per bucket, by load (its key is named batch): the mode now, each mode's median score and

@@ -42,10 +42,7 @@ class ModelDrafter(Drafter):
     ) -> Draft:
         if k < 1:
             return empty_draft(self.model.device)
-        fresh = self._tensor(context[self.model.cache_len:])  # the text its cache has not seen yet
-        if fresh.shape[0] > CATCH_UP_TOKENS:  # catching up: as step_together does
-            self.model.extend(fresh[:-1])
-            fresh = fresh[-1:]
+        fresh = catch_up(self.model, self._tensor(context[self.model.cache_len:]))
         tokens, qs = [], []
         for _ in range(k):
             logits = self._fit(self.model.forward(fresh)[-1])  # [V]
@@ -147,6 +144,15 @@ class DraftLease:
 # round leaves two unseen, a step without drafts one more) go in with the first draft pass: their
 # few rows of logits cost less than a pass of their own would.
 CATCH_UP_TOKENS = 16
+
+
+def catch_up(model: CausalLM, unseen: torch.Tensor) -> torch.Tensor:
+    """One sequence's drafter `unseen` tokens behind: past CATCH_UP_TOKENS, all but the last go into
+    its cache without logits (as step_together does for a batch); what its first draft step feeds."""
+    if unseen.shape[0] <= CATCH_UP_TOKENS:
+        return unseen
+    model.extend(unseen[:-1])
+    return unseen[-1:]
 
 # choose(i, step, logits [V_draft]) -> sequence i's token [0-d] at this draft step
 Choose = Callable[[int, int, torch.Tensor], torch.Tensor]

@@ -23,7 +23,7 @@ import torch
 
 from specdec.transfers import token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
-from specdec.drafters.model import CATCH_UP_TOKENS, DraftLease, DraftSlots, by_pool, step_together
+from specdec.drafters.model import DraftLease, DraftSlots, by_pool, catch_up, step_together
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingParams
 
@@ -167,10 +167,7 @@ class OracleDrafter(Drafter):
 
     def _pay_draft_cost(self, context: list[int], tokens: torch.Tensor) -> None:
         """k draft steps, as ModelDrafter runs them: the unseen context first, then each proposal but the last."""
-        fresh = self._tensor(context[self.draft_model.cache_len:])
-        if fresh.shape[0] > CATCH_UP_TOKENS:
-            self.draft_model.extend(fresh[:-1])
-            fresh = fresh[-1:]
+        fresh = catch_up(self.draft_model, self._tensor(context[self.draft_model.cache_len:]))
         for i in range(tokens.shape[0]):
             self.draft_model.forward(fresh)
             fresh = tokens[i:i + 1]
