@@ -92,7 +92,8 @@ def test_never_predicts_worse_than_plain_under_its_own_model(alpha, batch, draft
 @pytest.mark.parametrize("seed", range(40))
 def test_the_plan_is_the_best_of_every_split_under_the_model(seed):
     """Brute force over every K vector, with costs of any shape (on a CPU 5 rows may cost less than
-    1): no split beats choose_ks's, and choose_ks's prediction is its own split's."""
+    1), a drafter's fixed cost, a calibration and prefill chunks in the pass: no split beats
+    choose_ks's, and choose_ks's prediction is its own split's."""
     import itertools
     import random
 
@@ -102,12 +103,21 @@ def test_the_plan_is_the_best_of_every_split_under_the_model(seed):
     cost = VerifyCostTable((1, 2, 3), rows, tuple(tuple(rng.uniform(1, 3) for _ in rows) for _ in range(3)))
     alphas = [rng.choice([0.0, rng.random(), 1.0]) for _ in range(batch)]
     caps = [rng.randint(0, 4) for _ in range(batch)]
-    draft = rng.choice([0.0, 0.05, 0.3])
-    plan = choose_ks(alphas, caps, cost, draft)
-    rate = lambda ks: sum(tokens_at(a, k) for a, k in zip(alphas, ks)) / step_seconds(cost, ks, [], draft)  # noqa: E731
+    draft, fixed = rng.choice([0.0, 0.05, 0.3]), rng.choice([0.0, 0.2])
+    factor, filling = rng.choice([1.0, 0.9, 1.3]), rng.choice([(), (7,), (3, 40)])
+    plan = choose_ks(alphas, caps, cost, draft, filling, drafting_factor=factor, draft_fixed=fixed)
+
+    def seconds(ks):
+        return step_seconds(cost, ks, filling, draft, fixed) * (factor if any(ks) else 1.0)
+
+    def decoded(ks):
+        return sum(tokens_at(a, k) for a, k in zip(alphas, ks))
+
+    def rate(ks):  # a prefill chunk's sequence counts as one token (choose_ks's doc)
+        return (decoded(ks) + len(filling)) / seconds(ks)
     best = max(rate(ks) for ks in itertools.product(*(range(c + 1) for c in caps)))
     assert rate(plan.ks) == pytest.approx(best)
-    assert plan.predicted_tokens_per_second == pytest.approx(rate(plan.ks))
+    assert plan.predicted_tokens_per_second == pytest.approx(decoded(plan.ks) / seconds(plan.ks))
     assert all(0 <= k <= c for k, c in zip(plan.ks, caps))
 
 

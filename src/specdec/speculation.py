@@ -259,9 +259,10 @@ class DraftCost:
 
 def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """(intercept, slope) of the least-squares line through (x, y) points at two x or more."""
-    xs, ys = np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points], dtype=float)
-    slope = float(np.sum((xs - xs.mean()) * (ys - ys.mean())) / np.sum((xs - xs.mean()) ** 2))
-    return float(ys.mean() - slope * xs.mean()), slope
+    x_mean = sum(x for x, _ in points) / len(points)
+    y_mean = sum(y for _, y in points) / len(points)
+    slope = sum((x - x_mean) * (y - y_mean) for x, y in points) / sum((x - x_mean) ** 2 for x, _ in points)
+    return y_mean - slope * x_mean, slope
 
 
 class AcceptancePool:
@@ -406,16 +407,8 @@ def step_seconds(cost: VerifyCostTable, ks: Sequence[int], other_rows: Sequence[
     """Predicted seconds of a step: one pass over every sequence's rows plus, where any drafts, the
     drafter's fixed seconds and max(ks) drafting passes (DraftCost)."""
     passes = max(ks, default=0)
-    return _shape_seconds(cost, len(ks), sum(ks), passes, tuple(other_rows), draft_per_pass if passes else 0.0,
-                          draft_fixed if passes else 0.0)
-
-
-@functools.lru_cache(maxsize=1024)
-def _shape_seconds(cost: VerifyCostTable, num_seqs: int, drafts: int, passes: int, other_rows: tuple[int, ...],
-                   draft_per_pass: float, draft_fixed: float) -> float:
-    """step_seconds by the step's shape, remembered: the engine prices every step it calibrates on, and
-    through a plain stretch the shape repeats (numpy's interpolation costs tens of microseconds)."""
-    return float(_seconds_with(cost, num_seqs, np.asarray([drafts]), passes, other_rows, draft_per_pass)[0]) + draft_fixed
+    verify = _verify_seconds(cost, len(ks), sum(ks), tuple(other_rows))[-1]
+    return verify + draft_per_pass * passes + draft_fixed if passes else verify
 
 
 def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTable, draft_per_pass: float,
@@ -438,38 +431,50 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     the best of the D largest gains' prefixes, each paying the entries of the sequences in it, with
     and without the sequences that have an entry. draft_fixed: the drafter's seconds a drafting step
     pays whatever its passes (DraftCost). A plan predicted less than min_gain above plain's rate gives
-    way to the plain step."""
+    way to the plain step.
+
+    Plain Python, not numpy: the engine plans every drafting step on the host while the device
+    waits, and over a few dozen candidate drafts numpy's cost per call was most of the time (on
+    the H100 at 1 in flight the auto policy's host work made a four-draft step 0.6 ms slower than
+    a fixed K = 4 step's)."""
     n, filling = len(alphas), len(other_rows)
-    verify = _seconds_with(cost, n, np.arange(sum(caps) + 1), 0, other_rows, 0.0)  # [D + 1]: every total, once
-    plain = float(verify[0])
-    best = ((n + filling) / plain * (1 + min_gain) * (1 + 1e-9), None)  # (worth a second to beat, plan)
-    entries = np.asarray(entry, dtype=float) if len(entry) else np.zeros(n)
-    caps, alphas = np.asarray(caps, dtype=int), np.asarray(alphas, dtype=float)
-    for allowed in [caps] if not entries.any() else [caps, np.where(entries > 0, 0, caps)]:
-        for m in range(1, int(allowed.max(initial=0)) + 1):
-            capped = np.minimum(allowed, m)
-            owner = np.repeat(np.arange(n), capped)  # one entry per possible draft: its sequence, its place j
-            place = np.arange(owner.size) - np.repeat(np.cumsum(capped) - capped, capped) + 1
-            gains = alphas[owner] ** place
-            order = np.argsort(-gains, kind="stable")  # a sequence's first draft comes before its others
-            tokens = n + np.cumsum(gains[order])
-            paid = np.cumsum(np.where(place == 1, entries[owner], 0.0)[order])  # entries of the sequences in
-            seconds = (verify[1:owner.size + 1] + draft_fixed + draft_per_pass * m) * drafting_factor + paid
-            worth = (tokens + filling) / seconds
-            d = int(np.argmax(worth))  # the first of equals: the fewest drafts
-            if worth[d] > best[0]:
-                ks = np.bincount(owner[order[:d + 1]], minlength=n)
-                best = (worth[d] * (1 + 1e-9), StepPlan(tuple(int(k) for k in ks), float(tokens[d]),
-                                                        float(seconds[d]), plain))
-    return best[1] or StepPlan((0,) * n, float(n), plain, plain)
+    verify = _verify_seconds(cost, n, sum(caps), tuple(other_rows))  # every draft total D, once
+    plain = verify[0]
+    best_worth, best = (n + filling) / plain * (1 + min_gain) * (1 + 1e-9), None
+    entries = list(entry) if len(entry) else [0.0] * n
+    # Every possible draft (sequence i, its j-th), largest gain first; a stable sort keeps a
+    # sequence's first draft before its others where gains tie (a = 1 while a drafter is explored).
+    candidates = sorted(((alphas[i] ** j, i, j) for i in range(n) for j in range(1, caps[i] + 1)),
+                        key=lambda c: -c[0])
+    for allowed in [caps] if not any(entries) else [caps, [0 if e > 0 else c for e, c in zip(entries, caps)]]:
+        for m in range(1, max(allowed, default=0) + 1):
+            chosen = [(g, i, j) for g, i, j in candidates if j <= allowed[i] and j <= m]
+            passes_cost = draft_per_pass * m
+            gained = paid = 0.0
+            top, top_d = -math.inf, 0
+            for d, (gain, i, j) in enumerate(chosen, start=1):
+                gained += gain
+                if j == 1:
+                    paid += entries[i]
+                worth = (n + gained + filling) / ((verify[d] + draft_fixed + passes_cost) * drafting_factor + paid)
+                if worth > top:
+                    top, top_d, top_tokens = worth, d, n + gained
+                    top_seconds = (verify[d] + draft_fixed + passes_cost) * drafting_factor + paid
+            if top > best_worth:
+                ks = [0] * n
+                for _, i, _ in chosen[:top_d]:
+                    ks[i] += 1
+                best_worth, best = top * (1 + 1e-9), StepPlan(tuple(ks), top_tokens, top_seconds, plain)
+    return best or StepPlan((0,) * n, float(n), plain, plain)
 
 
-def _seconds_with(cost: VerifyCostTable, num_seqs: int, drafts: np.ndarray, passes: int, other_rows: Sequence[int],
-                  draft_per_pass: float) -> np.ndarray:
-    """Seconds of steps of num_seqs decoding sequences drafting drafts[i] tokens in all, in `passes`
-    drafting passes: [len(drafts)]."""
-    rows = num_seqs + drafts + sum(other_rows)
-    return cost.costs(num_seqs + len(other_rows), rows) + draft_per_pass * passes
+@functools.lru_cache(maxsize=1024)
+def _verify_seconds(cost: VerifyCostTable, num_seqs: int, max_drafts: int, other_rows: tuple[int, ...]) -> tuple[float, ...]:
+    """The target pass's seconds with num_seqs decoding sequences drafting D = 0 .. max_drafts tokens
+    in all, beside prefill chunks of other_rows, by D; remembered by shape (the shapes repeat from
+    step to step, and numpy's interpolation costs tens of microseconds a call)."""
+    rows = num_seqs + np.arange(max_drafts + 1) + sum(other_rows)
+    return tuple(float(s) for s in cost.costs(num_seqs + len(other_rows), rows))
 
 
 def measure_verify_cost(target, k_max: int, trials: int = 5) -> VerifyCostTable:
