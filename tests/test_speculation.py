@@ -249,6 +249,30 @@ def test_a_step_whose_drafter_catches_up_is_not_timed(tiny_target, tiny_draft, m
     assert calibrated.count(True) == len(drafting) - 1
 
 
+def test_the_calibration_times_a_step_with_its_tokens_emitted(tiny_target, tiny_draft, monkeypatch):
+    """A step's seconds for the calibration are those the guard reads: the whole call, the listeners
+    that take its tokens included. A server's listeners feed its streams; read only up to the settle,
+    a pipelined plain step missed the emitting of the step before (its pass ran meanwhile) and a
+    drafting step its own, so drafting read dearer than plain against the model than it was."""
+    import time
+
+    costs = VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)])
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=costs)
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 1), None, config=BatchConfig(64, policy))
+    observed, guarded = [], []
+    monkeypatch.setattr(engine._calibration, "record", lambda o, p, drafted: observed.append(o))
+    monkeypatch.setattr(engine._guard, "record", lambda load, n, tokens, seconds, plain: guarded.append(seconds))
+    slow_listener = 0.02  # seconds: far above a step of the tiny model
+    engine.submit(list(range(3, 43)), GenerationConfig(max_new_tokens=24, ignore_eos=True),
+                  drafter=make_drafter("model", tiny_target, tiny_draft),
+                  listener=lambda handle, tokens: time.sleep(slow_listener))
+    engine.run()
+    assert len(observed) >= 3
+    prefill, decoding = observed[0], observed[1:]  # the prompt's step emits nothing: no listener
+    assert prefill < slow_listener and all(seconds >= slow_listener for seconds in decoding)
+    assert set(decoding) <= set(guarded)  # the seconds the guard scores (it also scores the catching up)
+
+
 def estimate(pool: AcceptancePool, accepted: float, judged: float) -> float:
     """One sequence's estimate under drafter "d"."""
     return pool.estimates([("d", accepted, judged)])[0]

@@ -346,9 +346,10 @@ def fade_evidence(policy: SpeculationPolicy, step: int, evidence: Sequence[Seque
 class StepCalibration:
     """How much longer steps take than the model predicts, drafting steps against plain ones.
 
-    The verify-cost table times bare passes; a step also pays the host's planning, the rule and the
-    settling, and a plain step's share of that hides behind the device when it is queued ahead
-    (pipelined) while a drafting step's cannot. factor: the median of observed/predicted seconds
+    The verify-cost table times bare passes; a step also pays the host's planning, the rule, the
+    settling and the emitting of its tokens, and a plain step's share of that hides behind the
+    device when it is queued ahead (pipelined) while a drafting step's cannot. A step's observed
+    seconds are its whole call's, as the guard reads them (BatchedEngine._calibrate says why). factor: the median of observed/predicted seconds
     over the latest `window` drafting steps, over the same for plain steps (1 until both have
     samples); the policy multiplies a drafting plan's predicted seconds by it. The drafting steps'
     median is forgotten after `memory` steps without one, like DraftCost, so a high factor cannot
