@@ -18,7 +18,7 @@ from specdec.models.slots import LoopSlots
 from specdec.sampling import SamplingParams
 from specdec.speedup import expected_tokens_per_round
 from specdec.guard import ThroughputGuard
-from specdec.speculation import (AcceptancePool, DraftCost, SpeculationPolicy, VerifyCostTable, choose_ks,
+from specdec.speculation import (AcceptancePool, DraftCost, SpeculationPolicy, StepCalibration, VerifyCostTable, choose_ks,
                                  measure_verify_cost, step_seconds)
 from tests.markov import MarkovLM
 from tests.test_batching import make_drafter, mixed_requests, plain, run_arriving
@@ -102,7 +102,7 @@ def test_the_plan_is_the_best_of_every_split_under_the_model(seed):
     rows = (1, 2, 3, 5)
     cost = VerifyCostTable((1, 2, 3), rows, tuple(tuple(rng.uniform(1, 3) for _ in rows) for _ in range(3)))
     alphas = [rng.choice([0.0, rng.random(), 1.0]) for _ in range(batch)]
-    caps = [rng.randint(0, 4) for _ in range(batch)]
+    caps = [rng.randint(0, 12 if batch == 1 else 4) for _ in range(batch)]  # one sequence: long plans too
     draft, fixed = rng.choice([0.0, 0.05, 0.3]), rng.choice([0.0, 0.2])
     factor, filling = rng.choice([1.0, 0.9, 1.3]), rng.choice([(), (7,), (3, 40)])
     plan = choose_ks(alphas, caps, cost, draft, filling, drafting_factor=factor, draft_fixed=fixed)
@@ -151,7 +151,6 @@ def test_the_draft_cost_is_a_recent_median_and_a_high_one_does_not_stick():
 def test_drafting_steps_slower_than_predicted_make_the_policy_draft_less():
     """Steps that draft take twice what the model predicts, plain ones what it predicts: the factor
     reads 2, and a plan that pays at factor 1 gives way to plain decoding."""
-    from specdec.speculation import StepCalibration
 
     calibration = StepCalibration(window=8, memory=20)
     assert calibration.factor == 1.0
@@ -249,28 +248,33 @@ def test_a_step_whose_drafter_catches_up_is_not_timed(tiny_target, tiny_draft, m
     assert calibrated.count(True) == len(drafting) - 1
 
 
-def test_the_calibration_times_a_step_with_its_tokens_emitted(tiny_target, tiny_draft, monkeypatch):
+@pytest.mark.parametrize("drafting", [True, False])
+def test_the_calibration_times_a_step_with_its_tokens_emitted(tiny_target, tiny_draft, monkeypatch, drafting):
     """A step's seconds for the calibration are those the guard reads: the whole call, the listeners
     that take its tokens included. A server's listeners feed its streams; read only up to the settle,
     a pipelined plain step missed the emitting of the step before (its pass ran meanwhile) and a
-    drafting step its own, so drafting read dearer than plain against the model than it was."""
+    drafting step its own, so drafting read dearer than plain against the model than it was. Two
+    sequences, drafting (verify rows almost free) or plain and pipelined (rows dear)."""
     import time
 
-    costs = VerifyCostTable.from_rows([(1, 1.0), (2, 1.01), (5, 1.02)])
-    policy = SpeculationPolicy.auto(k_max=4, verify_cost=costs)
-    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 1), None, config=BatchConfig(64, policy))
+    rows = [(1, 1.0), (2, 1.01), (5, 1.02)] if drafting else [(1, 1.0), (2, 3.0), (5, 9.0)]
+    policy = SpeculationPolicy.auto(k_max=4, verify_cost=VerifyCostTable.from_rows(rows))
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 2), None,
+                           config=BatchConfig(64, policy, pipeline=not drafting))
     observed, guarded = [], []
-    monkeypatch.setattr(engine._calibration, "record", lambda o, p, drafted: observed.append(o))
+    monkeypatch.setattr(StepCalibration, "record", lambda self, o, p, drafted: observed.append((o, drafted)))
     monkeypatch.setattr(engine._guard, "record", lambda load, n, tokens, seconds, plain: guarded.append(seconds))
     slow_listener = 0.02  # seconds: far above a step of the tiny model
-    engine.submit(list(range(3, 43)), GenerationConfig(max_new_tokens=24, ignore_eos=True),
-                  drafter=make_drafter("model", tiny_target, tiny_draft),
-                  listener=lambda handle, tokens: time.sleep(slow_listener))
+    for first in (3, 5):
+        engine.submit(list(range(first, first + 40)), GenerationConfig(max_new_tokens=24, ignore_eos=True),
+                      drafter=make_drafter("model", tiny_target, tiny_draft),
+                      listener=lambda handle, tokens: time.sleep(slow_listener))
     engine.run()
-    assert len(observed) >= 3
-    prefill, decoding = observed[0], observed[1:]  # the prompt's step emits nothing: no listener
-    assert prefill < slow_listener and all(seconds >= slow_listener for seconds in decoding)
+    decoding = [seconds for seconds, _ in observed[1:]]  # the prompts' step emits nothing: no listener
+    assert len(decoding) >= 3 and observed[0][0] < slow_listener
+    assert all(seconds >= slow_listener for seconds in decoding)
     assert set(decoding) <= set(guarded)  # the seconds the guard scores (it also scores the catching up)
+    assert any(drafted for _, drafted in observed) == drafting
 
 
 def estimate(pool: AcceptancePool, accepted: float, judged: float) -> float:

@@ -349,9 +349,9 @@ class StepCalibration:
     The verify-cost table times bare passes; a step also pays the host's planning, the rule, the
     settling and the emitting of its tokens, and a plain step's share of that hides behind the
     device when it is queued ahead (pipelined) while a drafting step's cannot. A step's observed
-    seconds are its whole call's, as the guard reads them (BatchedEngine._calibrate says why). factor: the median of observed/predicted seconds
-    over the latest `window` drafting steps, over the same for plain steps (1 until both have
-    samples); the policy multiplies a drafting plan's predicted seconds by it. The drafting steps'
+    seconds are its whole call's, as the guard reads them (BatchedEngine._calibrate says why).
+    factor: the median of observed/predicted seconds over the latest `window` drafting steps, over
+    the same for plain steps (1 until both have samples); the policy multiplies a drafting plan's predicted seconds by it. The drafting steps'
     median is forgotten after `memory` steps without one, like DraftCost, so a high factor cannot
     keep drafting off for good."""
 
@@ -437,9 +437,13 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     Plain Python, not numpy: the engine plans every drafting step on the host while the device
     waits, and over a few dozen candidate drafts numpy's cost per call was most of the time (on
     the H100 at 1 in flight the auto policy's host work made a four-draft step 0.6 ms slower than
-    a fixed K = 4 step's)."""
+    a fixed K = 4 step's). Its time grows with max K times all the candidates, numpy's with max K:
+    on the dev CPU at 1 / 16 / 32 sequences and K = 4 it takes 0.08 / 0.55 / 1.0 of numpy's time,
+    at 32 and K = 8 or 16 1.4-1.6 times it; past the m where even every draft's gain in the
+    cheapest pass could not win, it stops (at K = 64: 0.4 of numpy's time)."""
     n, filling = len(alphas), len(other_rows)
     verify = _verify_seconds(cost, n, sum(caps), tuple(other_rows))  # every draft total D, once
+    floor = _suffix_minima(verify)  # floor[d]: the cheapest pass with d drafts or more
     plain = verify[0]
     best_worth, best = (n + filling) / plain * (1 + min_gain) * (1 + 1e-9), None
     entries = list(entry) if len(entry) else [0.0] * n
@@ -447,20 +451,26 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     # sequence's first draft before its others where gains tie (a = 1 while a drafter is explored).
     candidates = sorted(((alphas[i] ** j, i, j) for i in range(n) for j in range(1, caps[i] + 1)),
                         key=lambda c: -c[0])
+    every_gain = sum(g for g, _, _ in candidates)
     for allowed in [caps] if not any(entries) else [caps, [0 if e > 0 else c for e, c in zip(entries, caps)]]:
         for m in range(1, max(allowed, default=0) + 1):
-            chosen = [(g, i, j) for g, i, j in candidates if j <= allowed[i] and j <= m]
             passes_cost = draft_per_pass * m
+            # No plan of m passes or more beats the best: every draft's gain in the cheapest pass
+            # (with room for rounding, so that the bound never cuts off a plan the search would pick).
+            if (n + every_gain + filling) / ((floor[1] + draft_fixed + passes_cost) * drafting_factor) * (1 + 1e-12) \
+                    <= best_worth:
+                break
+            chosen = [(g, i, j) for g, i, j in candidates if j <= allowed[i] and j <= m]
             gained = paid = 0.0
             top, top_d = -math.inf, 0
             for d, (gain, i, j) in enumerate(chosen, start=1):
                 gained += gain
                 if j == 1:
                     paid += entries[i]
-                worth = (n + gained + filling) / ((verify[d] + draft_fixed + passes_cost) * drafting_factor + paid)
+                seconds = (verify[d] + draft_fixed + passes_cost) * drafting_factor + paid
+                worth = (n + gained + filling) / seconds
                 if worth > top:
-                    top, top_d, top_tokens = worth, d, n + gained
-                    top_seconds = (verify[d] + draft_fixed + passes_cost) * drafting_factor + paid
+                    top, top_d, top_tokens, top_seconds = worth, d, n + gained, seconds
             if top > best_worth:
                 ks = [0] * n
                 for _, i, _ in chosen[:top_d]:
@@ -469,7 +479,14 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     return best or StepPlan((0,) * n, float(n), plain, plain)
 
 
-@functools.lru_cache(maxsize=1024)
+def _suffix_minima(values: Sequence[float]) -> list[float]:
+    out = list(values)
+    for d in range(len(out) - 2, -1, -1):
+        out[d] = min(out[d], out[d + 1])
+    return out
+
+
+@functools.lru_cache(maxsize=256)
 def _verify_seconds(cost: VerifyCostTable, num_seqs: int, max_drafts: int, other_rows: tuple[int, ...]) -> tuple[float, ...]:
     """The target pass's seconds with num_seqs decoding sequences drafting D = 0 .. max_drafts tokens
     in all, beside prefill chunks of other_rows, by D; remembered by shape (the shapes repeat from
