@@ -368,7 +368,8 @@ class BatchedEngine:
         """The drafter's cost at the load now (its guard bucket's). Kept for the whole engine, a cost
         learnt at 32 in flight (a pass over 32 rows, their drafts gathered one by one) priced drafting
         at 1 in flight after a burst, and held it there in plain steps until forgotten."""
-        return at_bucket(self._draft_costs, self._load, lambda: DraftCost(self.config.speculation.draft_seconds_per_pass))
+        prior = self.config.speculation.draft_seconds_per_pass
+        return at_bucket(self._draft_costs, self._load, lambda: DraftCost(prior))
 
     @property
     def _calibration(self) -> StepCalibration:
@@ -575,7 +576,8 @@ class BatchedEngine:
         other_rows = self._prefill_rows()
         # The same inputs give the same plan: through a plain stretch only the calibration moves,
         # read to 2 %, so at high load (where the host's time a step is the server's) it is reused.
-        per_pass, fixed = self._draft_cost.per_pass, self._draft_cost.fixed
+        cost = self._draft_cost
+        per_pass, fixed = cost.per_pass, cost.fixed
         factor, entry = self._calibration.factor_to(0.02), self._entry_costs(decoding)
         inputs = (tuple(alphas), tuple(caps), per_pass, fixed, tuple(other_rows), factor, entry)
         if inputs != self._planned_for:

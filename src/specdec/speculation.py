@@ -5,10 +5,10 @@ Its expected yield is sum_i tau(a_i, K_i) tokens, tau(a, K) = (1 - a^(K+1)) / (1
 (specdec.speedup), and its cost is the target pass over those rows (a measured verify-cost table
 over batch size and rows per sequence) plus the drafter's: a fixed part and max_i K_i passes, each
 drafting one token for every sequence still drafting (a draft model's pass over a few rows costs
-about what one row does; DraftCost). The auto policy picks the K_i that maximise tokens per second of the whole batch,
-exactly (choose_ks: the cost depends on the drafts only through their number and their largest K,
-and each sequence's j-th draft yields a^j), with all K_i = 0 (a plain step) among the candidates:
-under its own model a step is never predicted slower than plain decoding. Each sequence's
+about what one row does; DraftCost). The auto policy picks the K_i that maximise tokens per second
+of the whole batch, exactly (choose_ks: the cost depends on the drafts only through their number
+and their largest K, and each sequence's j-th draft yields a^j), with all K_i = 0 (a plain step)
+among the candidates: under its own model a step is never predicted slower than plain decoding. Each sequence's
 acceptance is a posterior over its own judged drafts, its prior the mean of every sequence's with
 the same drafter (AcceptancePool). K only changes how many drafts are verified, never which tokens
 come out (the rejection rule keeps the output the target's).
@@ -351,9 +351,9 @@ class StepCalibration:
     device when it is queued ahead (pipelined) while a drafting step's cannot. A step's observed
     seconds are its whole call's, as the guard reads them (BatchedEngine._calibrate says why).
     factor: the median of observed/predicted seconds over the latest `window` drafting steps, over
-    the same for plain steps (1 until both have samples); the policy multiplies a drafting plan's predicted seconds by it. The drafting steps'
-    median is forgotten after `memory` steps without one, like DraftCost, so a high factor cannot
-    keep drafting off for good."""
+    the same for plain steps (1 until both have samples); the policy multiplies a drafting plan's
+    predicted seconds by it. The drafting steps' median is forgotten after `memory` steps without
+    one, like DraftCost, so a high factor cannot keep drafting off for good."""
 
     def __init__(self, window: int = 32, memory: int = 512):
         self._drafting = RecentMedian(window, memory)
@@ -443,8 +443,7 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     cheapest pass could not win, it stops (at K = 64: 0.4 of numpy's time)."""
     n, filling = len(alphas), len(other_rows)
     verify = _verify_seconds(cost, n, sum(caps), tuple(other_rows))  # every draft total D, once
-    floor = _suffix_minima(verify)  # floor[d]: the cheapest pass with d drafts or more
-    plain = verify[0]
+    plain, cheapest = verify[0], min(verify[1:], default=0.0)  # cheapest: a pass with any drafts
     best_worth, best = (n + filling) / plain * (1 + min_gain) * (1 + 1e-9), None
     entries = list(entry) if len(entry) else [0.0] * n
     # Every possible draft (sequence i, its j-th), largest gain first; a stable sort keeps a
@@ -457,7 +456,7 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
             passes_cost = draft_per_pass * m
             # No plan of m passes or more beats the best: every draft's gain in the cheapest pass
             # (with room for rounding, so that the bound never cuts off a plan the search would pick).
-            if (n + every_gain + filling) / ((floor[1] + draft_fixed + passes_cost) * drafting_factor) * (1 + 1e-12) \
+            if (n + every_gain + filling) / ((cheapest + draft_fixed + passes_cost) * drafting_factor) * (1 + 1e-12) \
                     <= best_worth:
                 break
             chosen = [(g, i, j) for g, i, j in candidates if j <= allowed[i] and j <= m]
@@ -479,15 +478,9 @@ def choose_ks(alphas: Sequence[float], caps: Sequence[int], cost: VerifyCostTabl
     return best or StepPlan((0,) * n, float(n), plain, plain)
 
 
-def _suffix_minima(values: Sequence[float]) -> list[float]:
-    out = list(values)
-    for d in range(len(out) - 2, -1, -1):
-        out[d] = min(out[d], out[d + 1])
-    return out
-
-
 @functools.lru_cache(maxsize=256)
-def _verify_seconds(cost: VerifyCostTable, num_seqs: int, max_drafts: int, other_rows: tuple[int, ...]) -> tuple[float, ...]:
+def _verify_seconds(cost: VerifyCostTable, num_seqs: int, max_drafts: int,
+                    other_rows: tuple[int, ...]) -> tuple[float, ...]:
     """The target pass's seconds with num_seqs decoding sequences drafting D = 0 .. max_drafts tokens
     in all, beside prefill chunks of other_rows, by D; remembered by shape (the shapes repeat from
     step to step, and numpy's interpolation costs tens of microseconds a call)."""
