@@ -298,18 +298,16 @@ def gpu_mib_of(listing: str, pid: int) -> int | None:
 
 
 def guard_note(run: dict, level: int) -> str:
-    """An auto server's throughput guard at this level's batch size and its draft cost after the run,
-    e.g. "; guard at 16: closed (open 0.95, closed 0.99 of predicted plain); draft 1.92 + 0.74 ms a
-    pass"; "" from other servers."""
-    from specdec.guard import MODES, ThroughputGuard
+    """An auto server's bandit at this level's load bucket after the run, e.g. "; auto at 16: cap 0
+    (leader 0; tok/s by cap 0: 3010, 2: 2890, 4: 2650)"; "" from other servers."""
+    from specdec.auto import bucket_of
 
-    row = next((g for g in run.get("guard") or () if g["batch"] == ThroughputGuard.bucket_of(level)), None)
+    buckets = (run.get("controller") or {}).get("buckets") or ()
+    row = next((b for b in buckets if b["load"] == bucket_of(level)), None)
     if row is None:
         return ""
-    scores = ", ".join(f"{m} {row[f'{m}_score']:.2f}" for m in MODES if row[f"{m}_score"] is not None)
-    draft = run.get("draft_seconds")
-    cost = f"; draft {1e3 * draft[0]:.2f} + {1e3 * draft[1]:.2f} ms a pass" if draft else ""
-    return f"; guard at {row['batch']}: {row['mode']} ({scores} of predicted plain){cost}"
+    scores = ", ".join(f"{cap}: {s:.0f}" for cap, s in row["scores"].items() if s is not None)
+    return f"; auto at {row['load']}: cap {row['arm']} (leader {row['leader']}; tok/s by cap {scores})"
 
 
 def merge_rounds(measured: dict) -> dict:

@@ -155,19 +155,14 @@ def test_no_step_is_queued_past_a_last_token_by_length(tiny_target, monkeypatch)
     assert len(alone.token_ids) == 6 and events.count("forward") == 6
 
 
-@pytest.mark.parametrize("verify_cost, pipelined_expected", [
-    ([(1, 1.0), (2, 3.0), (5, 9.0)], True),   # drafts never pay: the policy keeps every step plain
-    ([(1, 1.0), (2, 1.0), (5, 1.0)], False),  # drafts are free: it drafts, and a verify is never queued ahead
-], ids=["plain-by-policy", "drafting"])
-def test_auto_steps_the_policy_keeps_plain_are_pipelined_too(tiny_target, monkeypatch, verify_cost,
-                                                             pipelined_expected):
-    """Sequences with a drafter whose K the auto policy sets to 0 decode like plain ones, queued
+@pytest.mark.parametrize("budget, pipelined_expected", [(0, True), (4, False)], ids=["plain-by-controller", "drafting"])
+def test_steps_the_controller_keeps_plain_are_pipelined_too(tiny_target, monkeypatch, budget, pipelined_expected):
+    """Sequences with a drafter whose budget the controller sets to 0 decode like plain ones, queued
     ahead; once it drafts, steps go one at a time. The tokens are plain decoding's either way."""
-    from specdec.speculation import SpeculationPolicy, VerifyCostTable
+    from tests.test_controller import Scripted
 
-    policy = SpeculationPolicy.auto(k_max=4, verify_cost=VerifyCostTable.from_rows(verify_cost))
     auto = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 5), lambda: LookupDrafter(CPU), decode=DECODE,
-                         config=BatchConfig(prefill_chunk=4, pipeline=True, speculation=policy))
+                         config=BatchConfig(prefill_chunk=4, pipeline=True, speculation=Scripted((budget,))))
     events = record_order(auto, monkeypatch)
     want = run_all(engine(tiny_target, pipeline=False), PROMPTS, configs(SAMPLINGS[0]))
     assert run_all(auto, PROMPTS, configs(SAMPLINGS[0])) == want

@@ -3,7 +3,7 @@ the engine run it times emits what plain decoding emits."""
 
 from specdec.bench.policy import best_of_two, run_engine
 from specdec.models.slots import LoopSlots
-from specdec.speculation import SpeculationPolicy
+from specdec.controller import Auto, FixedK
 
 
 def test_best_of_two_runs_in_order_then_reversed_and_keeps_the_faster():
@@ -26,5 +26,5 @@ class _Loaded:  # the parts of a LoadedModel run_engine reads
 def test_run_engine_emits_the_same_tokens_plain_fixed_and_auto(tiny_target):
     slots, prompts = LoopSlots(tiny_target.with_own_cache, 2), [[5, 6, 5, 6, 5], [9, 8, 9, 8]]
     outs = [run_engine(_Loaded(tiny_target), slots, policy, prompts, "lookup", 12)["outputs"]
-            for policy in (SpeculationPolicy.fixed(0), SpeculationPolicy.fixed(3), SpeculationPolicy.auto(3))]
+            for policy in (FixedK(0), FixedK(3), Auto(3))]
     assert outs[0] == outs[1] == outs[2] and all(len(o) == 12 for o in outs[0])

@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from specdec.speculation import SpeculationPolicy
+from specdec.controller import Auto, FixedK, RequestK
 
 from tests.server_tiny_model import build_tiny_models, shared_server, tiny_root
 
@@ -53,8 +53,7 @@ def test_metrics_show_the_latest_steps_batch_and_k_per_sequence():
     assert ks and all(0 <= k <= 3 for k in ks)
 
 
-@pytest.mark.parametrize("flag, policy", [(None, SpeculationPolicy.auto(k_max=3)), ("2", SpeculationPolicy.fixed(2)),
-                                          ("request", SpeculationPolicy())])
+@pytest.mark.parametrize("flag, policy", [(None, Auto(3)), ("2", FixedK(2)), ("request", RequestK(3))])
 def test_the_flag_reaches_the_batched_engine(flag, policy):
     from specdec.cli import build_parser
     from specdec.commands.serve import build_state
@@ -62,8 +61,7 @@ def test_the_flag_reaches_the_batched_engine(flag, policy):
     target, _ = build_tiny_models(tiny_root())
     argv = ["serve", "--target", str(target), "--draft", "lookup", "-k", "3", "--max-num-seqs", "2", "--threads", "1"]
     state = build_state(build_parser().parse_args(argv + (["--speculation", flag] if flag else [])))
-    got = state.engine.config.speculation
-    assert (got.mode, got.k) == (policy.mode, policy.k)
+    assert state.engine.config.speculation == policy and state.engine.controller.name == policy.name
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "fast", "2.5"])
@@ -81,25 +79,25 @@ def test_the_speculation_endpoint_shows_what_the_metrics_show():
     decision = httpx.get(server.url + "/speculation").json()
     batch, ks = metrics_decision(server.url)
     assert decision["mode"] == "fixed" and decision["batch_size"] == batch >= 1 and decision["ks"] == ks
-    assert decision["predicted_tokens_per_second"] is None and decision["draft_seconds"] is None  # auto's only
+    assert decision["reason"] == "fixed K = 3" and decision["controller"] == {}  # a summary is auto's only
 
 
-def test_the_auto_servers_throughput_guard_is_in_the_endpoint_and_the_metrics():
-    """After a long answer (several 32-step windows at one in flight) the guard has scored both modes
-    at batch 1, and /speculation and /metrics say where it stands."""
+def test_the_auto_servers_bandit_is_in_the_endpoint_and_the_metrics():
+    """After a long answer (several 32-step windows at one in flight) auto has scored its caps at load
+    1, and /speculation and /metrics say where it stands."""
     server = shared_server()  # auto: the default
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     client.completions.create(model="tiny", prompt=PROMPT, max_tokens=120, temperature=0,
                               extra_body={"ignore_eos": True})
     decision = httpx.get(server.url + "/speculation").json()
-    assert decision["mode"] == "auto" and decision["drafting"] in ("open", "closed")
-    fixed, per_pass = decision["draft_seconds"]  # the drafter's cost as the policy prices its steps
-    assert fixed >= 0 and per_pass > 0
-    row = next(r for r in decision["guard"] if r["batch"] == 1)
-    assert row["open_windows"] >= 1 and row["closed_windows"] >= 1 and row["mode"] in ("open", "closed")
+    assert decision["mode"] == "auto" and decision["reason"].startswith("auto: cap ")
+    row = next(r for r in decision["controller"]["buckets"] if r["load"] == 1)
+    scored = {cap: s for cap, s in row["scores"].items() if s is not None}
+    assert row["windows"] >= 2 and len(scored) >= 2 and row["arm"] in (0, 2, 4)
     text = httpx.get(server.url + "/metrics").text
-    shown = re.search(r'^specdec:speculation_guard_open\{batch="1",model_name="tiny"\} (\S+)$', text, re.M)
-    assert shown and float(shown.group(1)) == (1.0 if row["mode"] == "open" else 0.0)
-    score = re.search(r'^specdec:speculation_guard_score\{batch="1",mode="closed",model_name="tiny"\} (\S+)$',
+    shown = re.search(r'^specdec:speculation_auto_cap\{load="1",model_name="tiny"\} (\S+)$', text, re.M)
+    assert shown and float(shown.group(1)) == row["arm"]
+    cap, value = next(iter(scored.items()))
+    score = re.search(rf'^specdec:speculation_auto_score\{{cap="{cap}",load="1",model_name="tiny"\}} (\S+)$',
                       text, re.M)
-    assert score and float(score.group(1)) == pytest.approx(row["closed_score"])
+    assert score and float(score.group(1)) == pytest.approx(value)

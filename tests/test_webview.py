@@ -84,7 +84,7 @@ def test_the_engine_steps_speculation_decision_is_shown(page):
     decision = httpx.get(shared_server(*WEB_SERVER).url + "/speculation").json()
     assert (decision["batch_size"], decision["ks"]) == (batch, ks)  # nothing else ran since
     assert page.inner_text("#spec-mode") == "K: the server's, fixed"
-    assert page.inner_text("#spec-drafting") == "–"  # the throughput guard is auto's
+    assert page.inner_text("#spec-reason") == decision["reason"] == "fixed K = 3"
 
 
 def test_dragging_a_bar_changes_the_distribution(page):

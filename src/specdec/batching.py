@@ -29,14 +29,11 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from specdec.batch_rule import StepRule, queue_rule, with_logprobs
+from specdec.controller import Hook, Plan, RequestK, SequenceView, Speculation, StepRecord, StepTrace
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
-from specdec.guard import HeldLoad, ThroughputGuard, at_bucket
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
-from specdec.speculation import (AcceptancePool, DraftCost, SequenceEvidence, SpeculationPolicy, StepCalibration,
-                                 StepDecision, StepPlan, VerifyCostTable, choose_ks, fade_evidence,
-                                 measure_verify_cost, step_seconds)
 from specdec.transfers import token_tensor
 from specdec.verify import Verdict
 
@@ -44,7 +41,8 @@ from specdec.verify import Verdict
 @dataclass(frozen=True)
 class BatchConfig:
     """How the engine schedules: prefill_chunk is the most prompt tokens a sequence runs in one step;
-    speculation: how many drafts each sequence verifies per step (default: its request's k).
+    speculation: the controller of how many drafts each sequence verifies per step (specdec.controller;
+    default: its request's k).
 
     pipeline: while every running sequence decodes plainly (a drafter that drafts nothing, no
     features, no logprobs), queue each step before reading the tokens of the one before, so that the
@@ -53,7 +51,7 @@ class BatchConfig:
     sequence would only cost its extra row)."""
 
     prefill_chunk: int = 256
-    speculation: SpeculationPolicy = SpeculationPolicy()
+    speculation: Speculation = RequestK()
     pipeline: bool | None = None
 
     def __post_init__(self) -> None:
@@ -143,8 +141,6 @@ class _Sequence:
     pending: torch.Tensor | None = None  # [1] the newest token, fed first by the next verify
     text_checked: int = 0  # generated tokens already checked for stop strings
     running: bool = False  # holds a slot (admitted, not yet left)
-    drafted_upto: int = -1  # auto mode: the text's length when its drafter last proposed (-1: never yet)
-    evidence: SequenceEvidence = field(default_factory=SequenceEvidence)  # auto mode: its judged drafts, fading
 
     @property
     def prefilling(self) -> bool:
@@ -161,12 +157,11 @@ class _Sequence:
         return self.layers is None and self.config.logprobs is None
 
     @property
-    def auto_may_draft(self) -> bool:
-        """Whether the auto policy may give it drafts: its drafter drafts, and its sample does not
-        hang on a seed (a seeded sample's draws depend on where drafts were verified, and auto's K on
-        the batch: rule 6 keeps such a sequence plain, its sample its seed's alone)."""
+    def view(self) -> SequenceView:
+        """What the speculation controller sees of it (as a decoding sequence)."""
         sampling = self.config.sampling
-        return not self.drafter.drafts_nothing and (sampling.greedy or sampling.seed is None)
+        return SequenceView(self.handle.request_id, self.config.k, self.remaining - 1,
+                            not self.drafter.drafts_nothing, not sampling.greedy and sampling.seed is not None)
 
     @property
     def next_is_last(self) -> bool:
@@ -177,11 +172,6 @@ class _Sequence:
     def remaining(self) -> int:
         """Tokens it may still generate."""
         return self.config.max_new_tokens - (len(self.context) - len(self.prompt))
-
-    def next_k(self, k: int | None = None) -> int:
-        """Drafts this round, at most k (default: its request's): a round emits up to k + 1 tokens,
-        never past max_new_tokens."""
-        return max(0, min(self.config.k if k is None else k, self.remaining - 1))
 
 
 @dataclass(frozen=True)
@@ -195,12 +185,16 @@ class _Unit:
 
 @dataclass(frozen=True)
 class _Flight:
-    """A step queued on the device: its units, the forward's output, and the rule's outcome on its
-    way to the host (None when every unit was a prefill chunk)."""
+    """A step queued on the device: its units, the forward's output, the rule's outcome on its way
+    to the host (None when every unit was a prefill chunk), and the plan its drafts came from (the
+    decoding units' views, the load it was planned at)."""
 
     units: list[_Unit]
     out: RaggedOutput
     rule: StepRule | None
+    plan: Plan
+    views: tuple[SequenceView, ...]
+    load: int
 
     @property
     def plain(self) -> bool:
@@ -213,9 +207,9 @@ class _Flight:
         return tuple(len(u.draft) for u in self.units if u.draft is not None)
 
     @functools.cached_property
-    def prefill_rows(self) -> tuple[int, ...]:
+    def prefill_rows(self) -> int:
         """The rows of its prefill chunks (they share the pass with the verifies)."""
-        return tuple(int(u.tokens.shape[0]) for u in self.units if u.draft is None)
+        return sum(int(u.tokens.shape[0]) for u in self.units if u.draft is None)
 
 
 class BatchedEngine:
@@ -223,53 +217,28 @@ class BatchedEngine:
 
     drafter_factory: () -> a fresh Drafter for each sequence submitted without its own.
     eos_token_ids: ids that end a sequence. decode: list[int] -> str, needed for stop strings.
+    on_step: called with each step's StepTrace (what the speculation controller planned and why,
+    what happened) once the step has settled; last_step holds the latest.
     Not thread-safe: call submit() and step() from one thread (a server: its engine thread).
     """
 
     def __init__(self, target: SlotModel, drafter_factory: DrafterFactory, eos_token_ids=(), decode=None,
-                 config: BatchConfig = BatchConfig()):
+                 config: BatchConfig = BatchConfig(), on_step: Hook | None = None):
         self.target = target
         self.drafter_factory = drafter_factory
         self.eos_token_ids = frozenset(eos_token_ids)
         self.decode = decode
         self.config = config
+        self.controller = config.speculation.controller()
+        self.on_step = on_step
+        self.last_step: StepTrace | None = None
         self._free = list(range(target.max_slots))  # a heap: the lowest free slot goes first
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._ids = itertools.count()
-        policy = config.speculation
-        self._verify_cost = policy.verify_cost
-        if policy.mode == "auto" and self._verify_cost is None:
-            self._verify_cost = measure_verify_cost(target, policy.k)
-        # By the guard's load bucket: what drafting cost at 32 in flight is no price for it at 1.
-        self._draft_costs: dict[int, DraftCost] = {}
-        self._calibrations: dict[int, StepCalibration] = {}
-        self._acceptance = AcceptancePool(policy)
-        self._guard = (ThroughputGuard(policy.guard_window, margin=policy.min_gain)
-                       if policy.mode == "auto" and policy.guard_window else None)
-        self._held_load = HeldLoad(policy.load_hold)  # the guard's key, set as each step begins
-        self._planned_for: tuple | None = None  # the inputs of the latest auto plan, and the plan
-        self._latest_plan: StepPlan | None = None
-        self._plain_batch: tuple | None = None  # the batch (and fade period) the latest plain plan holds for
-        self._draft_span = DeviceSpan(target.device)  # this step's drafting, read after its settle
-        self._draft_passes = 0  # the passes of a drafting still to be recorded (0: none)
-        self._caught_up_on = 0  # tokens this step's drafters caught up on (0: steady drafting, or none)
-        self._steps = 0  # steps run (the auto policy fades each sequence's evidence by them)
-        self.last_decision: StepDecision | None = None  # the latest step's K per sequence (for a server)
         self._pipeline = target.device.type == "cuda" if config.pipeline is None else config.pipeline
         self._ahead: _Flight | None = None  # a plain step queued before the one before it was read
         self._no_draft = empty_draft(target.device)
-
-    @property
-    def verify_cost(self) -> VerifyCostTable | None:
-        """The target's cost table the auto policy prices steps by (measured at start-up unless the
-        policy brought one); None in the other modes."""
-        return self._verify_cost
-
-    @property
-    def guard(self) -> ThroughputGuard | None:
-        """The auto policy's check on its realized throughput, by batch size (None without one)."""
-        return self._guard
 
     @property
     def busy(self) -> bool:
@@ -310,90 +279,56 @@ class BatchedEngine:
             pass
 
     def step(self) -> bool:
-        """Admit, run every running sequence's next unit in one forward, settle, emit. Returns
-        whether any sequence is still running or waiting. With pipelining a plain step may already
-        be queued: then this call queues the one after it (while the batch stays plain) and settles it."""
+        """Admit, run every running sequence's next unit in one forward, settle, emit, and tell the
+        controller. Returns whether any sequence is still running or waiting. With pipelining a plain
+        step may already be queued: then this call queues the one after it (while the batch stays
+        plain) and settles it."""
         self._drop_cancelled()
         self._admit()
         if not self._running:
             return self.busy
-        for cost in self._draft_costs.values():
-            cost.tick()
-        self._steps += 1
-        if self.config.speculation.mode == "auto":
-            fade_evidence(self.config.speculation, self._steps, [s.evidence for s in self._running])
         start = time.perf_counter()
-        self._held_load.start(len(self._running) + len(self._waiting), start)
         flight, self._ahead = self._still_ahead(), None
         drafted = start
         if flight is None:
-            units = self._plan()
-            drafted = time.perf_counter()
-            flight = self._launch(units)
+            flight, drafted = self._plan_and_launch()
         if self._may_pipeline(flight):
             self._ahead = self._launch_ahead(flight)
         emitted = self._settle(flight)
         settled = time.perf_counter()
-        if self._draft_passes:  # the device is past this step's drafting now: its span reads without a wait
-            self._record_drafting(self._draft_span.seconds())
         self._leave([unit.seq for unit, _, reason in emitted if reason])
         phases = (drafted - start, settled - drafted, time.perf_counter() - settled)
         for unit, tokens, reason in emitted:
             self._charge(unit, *phases)
             unit.seq.handle.finish_reason = reason
             unit.seq.handle._emit(tokens, finished=reason is not None)  # listeners' time is not ours
-        ended = time.perf_counter()
-        if self.config.speculation.mode == "auto":
-            self._calibrate(flight, ended - start)
-        if self._guard is not None:
-            self._guard_record(flight, emitted, ended - start, self._load)
-        self._held_load.end(ended, empty=not self.busy)
+        self._tell_controller(flight, emitted, drafted - start, time.perf_counter() - start)
         return self.busy
 
-    def _guard_record(self, flight: _Flight, emitted: list, seconds: float, load: int) -> None:
-        """A step for the guard: the load it ran at, its decoding sequences, the tokens they emitted,
-        and the predicted seconds of a plain step of the same batch. Not a step with prefill chunks:
-        the table prices their rows by extrapolation, and how many such steps a window holds (an
-        open window is twice as long as a closed one) would weigh in its score more than its mode;
-        on the embedded model at 16 in flight open windows that hardly drafted outscored closed ones
-        by 5-15 %."""
-        n = len(flight.ks)
-        if n == 0 or flight.prefill_rows or not any(u.seq.auto_may_draft for u in flight.units if u.draft is not None):
-            return  # prefill in the pass, or no sequence that could draft: no evidence for either mode
-        plain = step_seconds(self._verify_cost, (0,) * n, (), 0.0)
-        self._guard.record(load, n, sum(len(tokens) for _, tokens, _ in emitted), seconds, plain)
-
-    @property
-    def _draft_cost(self) -> DraftCost:
-        """The drafter's cost at the load now (its guard bucket's). Kept for the whole engine, a cost
-        learnt at 32 in flight (a pass over 32 rows, their drafts gathered one by one) priced drafting
-        at 1 in flight after a burst, and held it there in plain steps until forgotten."""
-        prior = self.config.speculation.draft_seconds_per_pass
-        return at_bucket(self._draft_costs, self._load, lambda: DraftCost(prior))
-
-    @property
-    def _calibration(self) -> StepCalibration:
-        """The step calibration at the load now (its guard bucket's), as _draft_cost."""
-        return at_bucket(self._calibrations, self._load, StepCalibration)
+    def _tell_controller(self, flight: _Flight, emitted: list, draft_seconds: float, seconds: float) -> None:
+        """The step's record to the controller, the hook and last_step."""
+        accepted = {id(unit.seq): sum(t.origin is Origin.ACCEPTED for t in tokens) for unit, tokens, _ in emitted}
+        decoding = [u for u in flight.units if u.draft is not None]
+        record = StepRecord(flight.load, flight.views, flight.ks, tuple(accepted.get(id(u.seq), 0) for u in decoding),
+                            sum(len(tokens) for _, tokens, _ in emitted), flight.prefill_rows, draft_seconds, seconds)
+        self.controller.record(record)
+        self.last_step = StepTrace(flight.plan, record)
+        if self.on_step is not None:
+            self.on_step(self.last_step)
 
     @property
     def _load(self) -> int:
-        """The guard's key: the sequences the engine holds, decoding, prefilling or waiting, as this
-        step began, held at its peak over the latest steps (HeldLoad)."""
-        return self._held_load.value
+        """The sequences the engine holds now: decoding, prefilling, waiting for a slot."""
+        return len(self._running) + len(self._waiting)
 
-    def _drafting(self) -> str | None:
-        """The guard's mode at the load now, for StepDecision (None without a guard)."""
-        return None if self._guard is None else self._guard.mode_at(self._load)
-
-    def _launch(self, units: list[_Unit]) -> _Flight:
+    def _launch(self, units: list[_Unit], plan: Plan, views: tuple[SequenceView, ...], load: int) -> _Flight:
         """Queue a step: one forward over every unit, then the rule over its verifies."""
         out = self.target.forward_ragged([u.seq.slot for u in units], [u.tokens for u in units],
                                          logits=[u.draft is not None for u in units],
                                          features=[u.seq.layers for u in units])
         rule = queue_rule([u.draft for u in units], [u.seq.config.sampling for u in units],
                           [u.seq.generator for u in units], out)
-        return _Flight(units, out, rule)
+        return _Flight(units, out, rule, plan, views, load)
 
     def _still_ahead(self) -> _Flight | None:
         """The plain step queued by the last call, unless none of its sequences still runs."""
@@ -423,10 +358,11 @@ class BatchedEngine:
         if not running:
             return None
         units = [_Unit(seq, flight.rule.next_token_of(i), self._no_draft) for i, seq in running]
-        policy = self.config.speculation
-        self.last_decision = StepDecision(policy.mode, tuple(s.handle.request_id for _, s in running),
-                                          (0,) * len(units), len(units), drafting=self._drafting())
-        return self._launch(units)
+        # The views as the step will see them: each sequence a token further on.
+        views = tuple(SequenceView(v.request_id, v.k, v.room - 1, v.drafts, v.seeded_sample)
+                      for v in (seq.view for _, seq in running))
+        plan = Plan((0,) * len(views), self.controller.plan(views, self._load).reason)
+        return self._launch(units, plan, views, self._load)
 
     def _drop_cancelled(self) -> None:
         """Cancelled sequences leave: running ones free their slot, waiting ones their place."""
@@ -458,18 +394,15 @@ class BatchedEngine:
             if seq.handle.cancelled and not seq.handle.done:
                 seq.handle._emit([], finished=True)
 
-    def _plan(self) -> list[_Unit]:
-        """Every running sequence's unit, in batch order: prefill chunks, and verifies after drafting."""
+    def _plan_and_launch(self) -> tuple[_Flight, float]:
+        """Every running sequence's unit, in batch order: prefill chunks, and verifies of the drafts
+        the controller's plan budgets; then the step queued. Returns it and when drafting ended."""
         decoding = [s for s in self._running if not s.prefilling]
-        ks = self._decide(decoding)
-        timed = any(ks) and self.config.speculation.mode == "auto"
-        if timed:
-            self._draft_span.start()
-        drafts = propose_all([s.drafter for s in decoding], [s.context for s in decoding], ks,
+        views, load = tuple(s.view for s in decoding), self._load
+        plan = self.controller.plan(views, load)
+        drafts = propose_all([s.drafter for s in decoding], [s.context for s in decoding], list(plan.budgets),
                              [s.config.sampling for s in decoding], [s.generator for s in decoding])
-        if timed:
-            self._draft_span.stop()
-        self._caught_up_on = self._note_drafts(decoding, ks) if timed else 0
+        drafted_at = time.perf_counter()
         draft_of = {id(s): d or empty_draft(self.target.device) for s, d in zip(decoding, drafts)}
         units = []
         for seq in self._running:
@@ -479,134 +412,16 @@ class BatchedEngine:
             else:
                 draft = draft_of[id(seq)]
                 units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft))
-        return units
-
-    def _note_drafts(self, decoding: list[_Sequence], ks: list[int]) -> int:
-        """Note this step's drafting for the auto policy's draft cost, read from its span once the
-        step has settled (no wait here: the host queues the verify while the draft passes run).
-        Where a drafter caught up on more text than one round leaves unseen (its first draft reads
-        the prompt; after plain steps it reads every token since), the step's seconds are the
-        catching up's: they price catching up, not a pass, and are no evidence for the calibration
-        either. Returns the tokens they caught up on (0: none did)."""
-        drafting = [s for s, k in zip(decoding, ks) if k]
-        caught_up_on = sum(self._unseen(s) for s in drafting if self._behind(s))
-        self._draft_passes = max(ks)
-        for seq in drafting:
-            seq.drafted_upto = len(seq.context)
-        return caught_up_on
-
-    def _record_drafting(self, seconds: float) -> None:
-        if self._caught_up_on:
-            self._draft_cost.record_catch_up(seconds, self._draft_passes, self._caught_up_on)
-        else:
-            self._draft_cost.record(seconds, self._draft_passes)
-        self._draft_passes = 0
-
-    def _behind(self, seq: _Sequence) -> bool:
-        """Whether its drafter has not seen more text than one round leaves unseen: a draft now
-        catches it up first."""
-        return seq.drafted_upto < 0 or len(seq.context) - seq.drafted_upto > self.config.speculation.k + 1
-
-    @staticmethod
-    def _unseen(seq: _Sequence) -> int:
-        """The tokens of its text its drafter has not read (all of it before its first draft)."""
-        return len(seq.context) - max(seq.drafted_upto, 0)
-
-    def _entry_costs(self, decoding: list[_Sequence]) -> tuple[float, ...]:
-        """By sequence, what drafting costs it this step beyond its passes: catching its drafter up
-        on the text it has not seen, spread over the steps it may then draft on (the evidence's
-        half-life, or fewer where fewer tokens remain). Drafting now and then, a sequence pays a
-        catch-up each time, which the passes' cost does not show."""
-        per_token = self._draft_cost.per_unseen_token
-        if not per_token:
-            return ()
-        policy = self.config.speculation
-        return tuple(per_token * self._unseen(s) / max(1, min(policy.evidence_half_life, s.remaining))
-                     if self._behind(s) else 0.0 for s in decoding)
-
-    def _decide(self, decoding: list[_Sequence]) -> list[int]:
-        """K per decoding sequence under the speculation policy; the decision goes to last_decision."""
-        policy, ids = self.config.speculation, tuple(s.handle.request_id for s in decoding)
-        if policy.mode != "auto":
-            ks = [s.next_k(policy.k if policy.mode == "fixed" else None) for s in decoding]
-            self.last_decision = StepDecision(policy.mode, ids, tuple(ks), len(self._running))
-            return ks
-        if not any(s.auto_may_draft for s in decoding):  # nothing to price (a --draft none server)
-            self.last_decision = StepDecision("auto", ids, (0,) * len(decoding), len(self._running),
-                                              drafting=self._drafting())
-            return [0] * len(decoding)
-        plan = self._auto_plan(decoding)
-        cost = self._draft_cost
-        self.last_decision = StepDecision("auto", ids, plan.ks, len(self._running), plan.predicted_tokens_per_second,
-                                          plan.plain_tokens_per_second, self._drafting(), (cost.fixed, cost.per_pass))
-        return list(plan.ks)
-
-    def _calibrate(self, flight: _Flight, observed: float) -> None:
-        """A step's seconds, all of its call as the guard reads them (its tokens emitted included),
-        against the model's prediction for it (StepCalibration); not a step whose drafters caught up
-        on unseen text (_note_drafts). Read only up to the settle, a pipelined plain step looked
-        shorter than it is by the emitting of the step before (its pass ran meanwhile), and a
-        drafting step did not show its own: in a server at 16 in flight on an H100, where emitting
-        feeds 16 streams, drafting steps read 1.3-1.4 times plain ones against the model, where
-        stepped in process they read 1.1, and the policy planned plain steps there while K = 4
-        served 1.10-1.20x plain (results/serving-h100-trace-20261206-1113.*)."""
-        ks = flight.ks
-        if any(ks) and self._caught_up_on:
-            return
-        cost = self._draft_cost
-        predicted = step_seconds(self._verify_cost, ks, flight.prefill_rows, cost.per_pass, cost.fixed)
-        self._calibration.record(observed, predicted, any(ks))
-
-    def _auto_plan(self, decoding: list[_Sequence]) -> StepPlan:
-        """The auto policy's K for each decoding sequence (none for one whose drafter drafts nothing).
-
-        Through a plain stretch no evidence comes in: between two fades of the evidence, a plain plan
-        for the same batch (no sequence joined, left or prefilling) holds, the calibration and the
-        draft cost read again at the next fade. At high load, where the host's time a step is the
-        server's, the policy then costs a comparison a step rather than a look at every sequence."""
-        policy = self.config.speculation
-        batch = (tuple(s.handle.request_id for s in decoding), self._steps // (policy.evidence_half_life // 2))
-        if batch == self._plain_batch and len(decoding) == len(self._running):
-            return self._latest_plan
-        if self._guard is not None and not self._guard.is_open(self._load):
-            return self._closed_plan(decoding)
-        alphas = self._acceptance.estimates([(s.drafter.name, s.evidence.accepted, s.evidence.judged)
-                                             for s in decoding])
-        caps = [s.next_k(policy.k) if s.auto_may_draft else 0 for s in decoding]
-        other_rows = self._prefill_rows()
-        # The same inputs give the same plan: through a plain stretch only the calibration moves,
-        # read to 2 %, so at high load (where the host's time a step is the server's) it is reused.
-        cost = self._draft_cost
-        per_pass, fixed = cost.per_pass, cost.fixed
-        factor, entry = self._calibration.factor_to(0.02), self._entry_costs(decoding)
-        inputs = (tuple(alphas), tuple(caps), per_pass, fixed, tuple(other_rows), factor, entry)
-        if inputs != self._planned_for:
-            self._planned_for = inputs
-            self._latest_plan = choose_ks(alphas, caps, self._verify_cost, per_pass, other_rows, policy.min_gain,
-                                          factor, entry, fixed)
-        self._plain_batch = None if any(self._latest_plan.ks) or other_rows else batch
-        return self._latest_plan
-
-    def _prefill_rows(self) -> tuple[int, ...]:
-        """The rows of this step's prefill chunks (they share the pass with the verifies)."""
-        return tuple(min(self.config.prefill_chunk, len(s.prompt) - 1 - s.prefilled)
-                     for s in self._running if s.prefilling)
-
-    def _closed_plan(self, decoding: list[_Sequence]) -> StepPlan:
-        """The plain step the guard holds this batch size to while drafting does not pay."""
-        plain = step_seconds(self._verify_cost, (0,) * len(decoding), self._prefill_rows(), 0.0)
-        return StepPlan((0,) * len(decoding), float(len(decoding)), plain, plain)
+        return self._launch(units, plan, views, load), drafted_at
 
     def _next_step_is_plain(self) -> bool:
         """Whether the step after the one in flight will be plain for every running sequence: always
-        for those that draft nothing; in auto mode, when none may draft (_decide's own shortcut) or the
-        policy says K = 0 for all now (the plain step in flight brings no evidence that could change
-        its mind, only a token more each)."""
+        for those that draft nothing, else when the controller plans no drafts for them now (a plain
+        step's record can change its mind only at the end of a window, and then the step queued ahead
+        is a switch's first step, which it does not count)."""
         if all(s.drafter.drafts_nothing for s in self._running):
             return True
-        if self.config.speculation.mode != "auto":
-            return False
-        return not any(s.auto_may_draft for s in self._running) or not any(self._auto_plan(self._running).ks)
+        return self.controller.plan(tuple(s.view for s in self._running), self._load).plain
 
     def _settle(self, flight: _Flight) -> list[tuple[_Unit, list[EmittedToken], str | None]]:
         """Read the step (its one wait for the device); each unit whose sequence still runs, with its
@@ -658,9 +473,6 @@ class BatchedEngine:
             if reason:
                 break
         stats.record_round(verdict, len(emitted))
-        if verdict.num_drafted:
-            self._acceptance.add(seq.drafter.name, verdict.num_accepted, verdict.num_judged)
-            seq.evidence.add(verdict.num_accepted, verdict.num_judged)
         seq.text_checked = len(seq.context) - len(seq.prompt)
         return emitted, reason
 
@@ -697,35 +509,6 @@ class BatchedEngine:
 
     def _tensor(self, ids: list[int]) -> torch.Tensor:
         return token_tensor(ids, self.target.device)
-
-
-class DeviceSpan:
-    """Seconds between two points of the work queued on a device, read once the device is past the
-    second without waiting there: CUDA events on a GPU (the host goes on queuing while the work
-    runs), the host's clock on a CPU (its work has run by the time it is queued)."""
-
-    def __init__(self, device: torch.device):
-        self._marks = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) \
-            if device.type == "cuda" else None
-        self._started = self._seconds = 0.0
-
-    def start(self) -> None:
-        if self._marks is None:
-            self._started = time.perf_counter()
-        else:
-            self._marks[0].record()
-
-    def stop(self) -> None:
-        if self._marks is None:
-            self._seconds = time.perf_counter() - self._started
-        else:
-            self._marks[1].record()
-
-    def seconds(self) -> float:
-        if self._marks is None:
-            return self._seconds
-        self._marks[1].synchronize()  # at once where the device is past it already
-        return self._marks[0].elapsed_time(self._marks[1]) / 1000.0
 
 
 def _wait_for(device: torch.device) -> None:

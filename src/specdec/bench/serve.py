@@ -226,14 +226,14 @@ async def _metrics(client) -> dict | None:
 
 
 async def _speculation(client) -> dict:
-    """Our auto server's throughput guard by batch size and its draft cost (fixed, per pass) as
-    /speculation gives them; None for each from other servers."""
+    """Our server's speculation controller summary as /speculation gives it (auto: its caps and scores
+    by load bucket); None from other servers."""
     try:
         response = await client.get("/speculation")
         shown = response.json() if response.status_code == 200 else {}
     except Exception:  # noqa: BLE001 - not our server
         shown = {}
-    return {"guard": shown.get("guard") or None, "draft_seconds": shown.get("draft_seconds")}
+    return {"controller": shown.get("controller") or None}
 
 
 async def _server_info(client, model: str | None) -> tuple[str, dict]:

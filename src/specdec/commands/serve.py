@@ -66,9 +66,9 @@ def build_state(args: argparse.Namespace):
     from specdec.runtime import build_runtime
     from specdec.server.app import ServerConfig, ServerState
     from specdec.server.limits import Limits
-    from specdec.speculation import policy_from_flag
+    from specdec.controller import speculation_from_flag
 
-    speculation = policy_from_flag(args.speculation, args.k)
+    speculation = speculation_from_flag(args.speculation, args.k)
     if args.max_queue < 0:
         raise InvalidRequestError(f"--max-queue must be >= 0, got {args.max_queue}")
     if not args.graceful_timeout >= 0:
@@ -91,9 +91,9 @@ def build_state(args: argparse.Namespace):
 
 
 def _speculation_line(state) -> str:
-    policy = state.config.speculation
-    return {"request": f"K={state.config.k} unless a request sets k", "fixed": f"K={policy.k} for every sequence",
-            "auto": f"K auto, 0..{policy.k}"}[policy.mode]
+    controller = state.engine.controller
+    return {"request": f"K={state.config.k} unless a request sets k", "fixed": f"K={controller.k} for every sequence",
+            "auto": f"K auto, caps {'/'.join(map(str, getattr(controller, 'arms', ())))}"}[controller.name]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,9 +108,6 @@ def run(args: argparse.Namespace) -> int:
           f"at http://{args.host}:{args.port}/ ; API at /v1", flush=True)
     print(f"specdec: {type(slots).__name__}: {slots.max_slots} sequences x {slots.max_length} positions, {cache}; "
           f"up to {args.max_queue} more wait", flush=True)
-    if state.engine.verify_cost is not None:
-        print(f"specdec: the target's verify cost for --speculation auto, {state.engine.verify_cost.describe()}",
-              flush=True)
     make_server(create_app(state), state.worker, args.host, args.port, args.log_level, state.config.limits,
                 args.graceful_timeout).run()
     return 0  # also after SIGTERM: the drain answered every request

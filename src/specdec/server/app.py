@@ -15,7 +15,7 @@ import asyncio
 import hmac
 import json
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -36,7 +36,7 @@ from specdec.server.connection import BodyLimit
 from specdec.server.limits import Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.worker import DoneEvent, EngineWorker, ErrorEvent, Job, TokenEvent
-from specdec.speculation import SpeculationPolicy
+from specdec.controller import RequestK, Speculation
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context
@@ -53,7 +53,7 @@ class ServerConfig:
     max_num_seqs: int = 8  # sequences decoding together: the slot model's slots
     max_model_len: int | None = None  # a slot's positions (None: the target's own context, at most 4096)
     prefill_chunk: int = BatchConfig.prefill_chunk
-    speculation: SpeculationPolicy = SpeculationPolicy()  # K per sequence per step (here: each request's k;
+    speculation: Speculation = RequestK()  # the controller of K per sequence per step (here: each request's k;
     # `specdec serve` passes its --speculation, auto by default)
 
 
@@ -68,7 +68,7 @@ class ServerState:
         self.metrics = ServerMetrics(config.model_name)
         runtime = self.default_runtime
         self.slots = slot_target(runtime.target.model, config.max_num_seqs, config.max_model_len)
-        self.slots.warm_up()  # before the auto policy times the target, and before any request
+        self.slots.warm_up()  # before any request
         self.drafters = DraftMenu(runtime.target, self.slots.max_slots, max_length=self.slots.max_length)
         for name, loaded in runtimes.items():
             self.drafters.adopt(name, loaded.drafter)  # forks share its weights: none is loaded twice
@@ -127,8 +127,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        if state.engine.guard is not None:
-            state.metrics.set_guard(state.engine.guard.summary)
+        state.metrics.set_controller(state.engine.controller.summary())
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/speculation")
@@ -207,21 +206,21 @@ def _model_card(state: ServerState) -> dict:
             "max_model_len": state.max_model_len,
             "specdec": {"target": state.default_runtime.target.name,  # the model's own name, e.g. "(random weights)"
                         "drafters": list(state.runtimes), "draft": c.default_draft, "k": _server_k(c),
-                        "speculation": c.speculation.mode,
+                        "speculation": c.speculation.name,
                         "max_k": P.MAX_K, "max_num_seqs": state.slots.max_slots, "max_queue": c.max_queue,
                         "kv_cache_bytes": state.kv_cache_bytes}}
 
 
 def _decision(state: ServerState) -> dict:
-    """The engine's latest speculation decision (what /metrics' speculation gauges show), for the web
-    view: the policy, the sequences in the pass, the drafts of each decoding one (by place in the batch)."""
-    decision, guard = state.engine.last_decision, state.engine.guard
-    if decision is None:  # no pass yet
-        fields = {"mode": state.config.speculation.mode, "batch_size": 0, "ks": [], "drafting": None}
-    else:
-        fields = asdict(decision)
-        del fields["request_ids"]  # the engine's own numbering: nothing a client can match
-    fields["guard"] = list(guard.summary) if guard is not None else []
+    """The engine's latest step at its speculation boundary (what /metrics' speculation gauges show),
+    for the web view: the controller, the decoding sequences in the pass, each one's draft budget and
+    drafts verified (by place in the batch), the plan's reason, and the controller's summary."""
+    trace, controller = state.engine.last_step, state.engine.controller
+    fields = {"mode": controller.name, "batch_size": 0, "ks": [], "drafted": [], "reason": None}
+    if trace is not None:
+        fields.update(batch_size=len(trace.record.sequences), ks=list(trace.plan.budgets),
+                      drafted=list(trace.record.drafted), reason=trace.plan.reason)
+    fields["controller"] = controller.summary()
     return fields
 
 
@@ -314,13 +313,13 @@ def _check_fields(state: ServerState, request: P.SamplingFields) -> None:
 def _request_k(state: ServerState, request: P.SamplingFields) -> int:
     """K for the request's sequences: its own `k`, else the server's; under --speculation auto|K the
     server's policy decides (its K, auto's most), and a request's `k` is not used."""
-    own = request.k if state.config.speculation.mode == "request" else None
+    own = request.k if isinstance(state.config.speculation, RequestK) else None
     return own or _server_k(state.config)
 
 
 def _server_k(config: ServerConfig) -> int:
-    """The server's K: -k, or under --speculation its K (auto: the most it drafts)."""
-    return config.k if config.speculation.mode == "request" else config.speculation.k
+    """The server's K: -k, or under --speculation auto|K its K (auto: the most it drafts)."""
+    return config.k if isinstance(config.speculation, RequestK) else config.speculation.k
 
 
 def _sampling(request: P.SamplingFields, index: int) -> SamplingParams:

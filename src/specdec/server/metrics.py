@@ -9,7 +9,6 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from specdec.generation import SpecStats
-from specdec.guard import MODES, OPEN
 
 PREFIX = "specdec:"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -27,18 +26,15 @@ class ServerMetrics:
                                  "with n > 1 brings n).", labels, registry=r)
         self.seq_waiting = Gauge(m + "num_sequences_waiting", "Sequences waiting for a slot.", labels, registry=r)
         self.batch_size = Gauge(m + "batch_size", "Sequences in the engine's latest step.", labels, registry=r)
-        self.decided_batch = Gauge(m + "speculation_batch_size", "Sequences in the latest target pass, prefilling "
-                                   "ones included (engine.last_decision).", labels, registry=r)
-        self.decided_k = Gauge(m + "speculation_k", "Drafts each decoding sequence of the latest pass verified "
-                               "(--speculation auto: chosen per step), by its place in the batch.",
+        self.decided_batch = Gauge(m + "speculation_batch_size", "Decoding sequences in the latest target pass "
+                                   "(engine.last_step).", labels, registry=r)
+        self.decided_k = Gauge(m + "speculation_k", "The draft budget of each decoding sequence of the latest pass "
+                               "(--speculation auto: its load's cap), by its place in the batch.",
                                labels + ["sequence"], registry=r)
-        self.guard_open = Gauge(m + "speculation_guard_open", "--speculation auto: 1 where the throughput guard lets "
-                                "the policy draft at this batch size, 0 where it holds it to plain steps.",
-                                labels + ["batch"], registry=r)
-        self.guard_score = Gauge(m + "speculation_guard_score", "--speculation auto: the median realized tokens/s "
-                                 "over plain decoding's predicted tokens/s of the guard's recent windows, by "
-                                 "batch size and mode (open: the policy drafts; closed: plain steps).",
-                                 labels + ["batch", "mode"], registry=r)
+        self.auto_cap = Gauge(m + "speculation_auto_cap", "--speculation auto: the draft cap in force at each load "
+                              "bucket (0: plain steps).", labels + ["load"], registry=r)
+        self.auto_score = Gauge(m + "speculation_auto_score", "--speculation auto: the median tokens/s of the "
+                                "latest windows at each load bucket and cap.", labels + ["load", "cap"], registry=r)
         self.max_num_seqs = Gauge(m + "max_num_seqs", "Slots: the most sequences one step runs.", labels, registry=r)
         self.kv_cache_bytes = Gauge(m + "kv_cache_bytes", "Bytes of the target's preallocated slot KV cache "
                                     "(0: caches grow per sequence).", labels, registry=r)
@@ -91,23 +87,23 @@ class ServerMetrics:
             self.steps.labels(self.model).inc()
             self.step_sequences.labels(self.model).inc(sequences)
 
-    def decided(self, decision) -> None:
-        """The engine's latest speculation.StepDecision (None before its first pass)."""
-        if decision is None:
+    def decided(self, trace) -> None:
+        """The engine's latest controller.StepTrace (None before its first pass)."""
+        if trace is None:
             return
-        self.decided_batch.labels(self.model).set(decision.batch_size)
+        self.decided_batch.labels(self.model).set(len(trace.plan.budgets))
         self.decided_k.clear()  # only this pass's sequences: the batch changes from step to step
-        for place, k in enumerate(decision.ks):
+        for place, k in enumerate(trace.plan.budgets):
             self.decided_k.labels(self.model, str(place)).set(k)
 
-    def set_guard(self, summary) -> None:
-        """The engine's ThroughputGuard.summary, per batch size (read as /metrics is scraped)."""
-        for row in summary:
-            batch = str(row["batch"])
-            self.guard_open.labels(self.model, batch).set(1 if row["mode"] == OPEN else 0)
-            for mode in MODES:
-                if row[f"{mode}_score"] is not None:
-                    self.guard_score.labels(self.model, batch, mode).set(row[f"{mode}_score"])
+    def set_controller(self, summary: dict) -> None:
+        """The speculation controller's summary (auto's buckets; read as /metrics is scraped)."""
+        for row in summary.get("buckets", ()):
+            load = str(row["load"])
+            self.auto_cap.labels(self.model, load).set(row["arm"])
+            for cap, score in row["scores"].items():
+                if score is not None:
+                    self.auto_score.labels(self.model, load, cap).set(score)
 
     def reject(self, status: int) -> None:
         self.rejected.labels(self.model, str(status)).inc()

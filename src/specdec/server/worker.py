@@ -135,7 +135,7 @@ class EngineWorker:
                 self.engine.step()
             except Exception as exc:  # noqa: BLE001 - a bug must reach the clients as an error, not a hang
                 self._fail_running(APIError(500, f"internal error: {type(exc).__name__}: {exc}", None, "internal"))
-            self.metrics.decided(self.engine.last_decision)
+            self.metrics.decided(self.engine.last_step)
             self._publish_queue()
 
     def _cancel_left(self) -> None:

@@ -51,7 +51,7 @@
     $("stat-tps").textContent = seconds > 0 ? (tokens / seconds).toFixed(1) : "–";
   }
 
-  const POLICY = { request: "K: each request's own", fixed: "K: the server's, fixed", auto: "K: auto, per sequence per step" };
+  const POLICY = { request: "K: each request's own", fixed: "K: the server's, fixed", auto: "K: auto, a cap per load" };
 
   // The engine's latest speculation decision (GET /speculation: the same as /metrics' gauges).
   async function showDecision() {
@@ -60,7 +60,7 @@
       $("spec-batch").textContent = d.batch_size || "–";
       $("spec-ks").textContent = d.ks.length ? d.ks.join(" ") : "–";
       $("spec-mode").textContent = POLICY[d.mode] || d.mode;
-      $("spec-drafting").textContent = d.drafting || "–";
+      $("spec-reason").textContent = d.reason || "–";
     } catch (err) {
       // the next poll tries again; the answer stream does not depend on it
     }

@@ -1,0 +1,131 @@
+"""`--speculation auto`: per load, the draft cap that delivers the most tokens per second, measured.
+
+No model of costs: whether drafting pays depends on the verify pass's cost at this batch size, the
+drafter's cost, the host's work and the acceptance of the requests being served, and a measurement
+of what the server delivers sees all of them at once. So auto is a small bandit:
+
+- Steps are grouped by load into buckets: the next power of two of the sequences the engine holds,
+  decoding, prefilling or waiting (3-4 is 4, 9-16 is 16), so that a batch that shrinks by one as a
+  request ends, until its client's next one arrives, stays in its bucket.
+- The arms are draft caps: 0 (plain steps), about K / 2, and K. Under an arm of cap c every decoding
+  sequence verifies min(c, its room) drafts.
+- Each bucket runs windows of WINDOW counted steps at one arm. A window's score is its tokens over
+  its seconds (whole step calls, emitting included), so it sees every cost the server pays.
+- The arm with the best median score over its latest MEMORY windows leads. Every EXPLORE_EVERY-th
+  window runs instead the arm whose latest score is the oldest, so that a change in load mix or in
+  acceptance is seen; until every arm has a score, arms are tried from the largest down.
+
+Steps that count: no prefill rows in the pass and at least one sequence that may draft (otherwise
+every arm runs the same step); and not a window's first step after a change of arm, which pays for
+the switch (a draft model catching up on the text it skipped) once, where running that arm steadily
+does not. A seeded sample never drafts under auto: its draws depend on where drafts were verified,
+and auto's cap depends on the batch (design rule 6).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from specdec.controller import Plan, SequenceView, StepRecord
+
+WINDOW = 32  # counted steps a window: enough to average over a few rounds' luck, short next to a request
+MEMORY = 8  # windows an arm's median reads: one unlucky window does not decide
+EXPLORE_EVERY = 16  # one window in 16 re-measures a trailing arm: at most about 6 % of the time at its loss
+
+
+def bucket_of(load: int) -> int:
+    """The load's bucket: the next power of two at or above it (at least 1)."""
+    return 1 << max(0, load - 1).bit_length()
+
+
+@dataclass
+class _Bucket:
+    """One load bucket's bandit: the arm in force, the window it is filling, each arm's scores."""
+
+    arms: tuple[int, ...]
+    arm: int
+    scores: dict[int, deque] = field(default_factory=dict)  # arm -> latest window scores (tokens / s)
+    last_scored: dict[int, int] = field(default_factory=dict)  # arm -> the window count at its latest score
+    windows: int = 0
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    switched: bool = False  # the arm changed since its last counted step
+
+    def median(self, arm: int) -> float | None:
+        window = self.scores.get(arm)
+        return statistics.median(window) if window else None
+
+    def add_step(self, tokens: int, seconds: float) -> bool:
+        """Count a step; True when it closed the window (the arm's score is then recorded)."""
+        if self.switched:
+            self.switched = False
+            return False
+        self.steps, self.tokens, self.seconds = self.steps + 1, self.tokens + tokens, self.seconds + seconds
+        if self.steps < WINDOW:
+            return False
+        self.scores.setdefault(self.arm, deque(maxlen=MEMORY)).append(self.tokens / self.seconds)
+        self.windows += 1
+        self.last_scored[self.arm] = self.windows
+        self.steps, self.tokens, self.seconds = 0, 0, 0.0
+        return True
+
+    def next_arm(self) -> int:
+        untried = [a for a in self.arms if a not in self.scores]
+        if untried:
+            return max(untried)
+        if self.windows % EXPLORE_EVERY == 0:
+            return min((a for a in self.arms if a != self.leader), key=lambda a: self.last_scored[a])
+        return self.leader
+
+    @property
+    def leader(self) -> int:
+        """The arm with the best median score (the largest cap until any has one)."""
+        scored = [a for a in self.arms if a in self.scores]
+        return max(scored, key=self.median) if scored else max(self.arms)
+
+
+class AutoController:
+    """The auto SpeculationController over caps (0, about k / 2, k), by load bucket (module docstring)."""
+
+    name = "auto"
+
+    def __init__(self, k: int):
+        self.k = k
+        self.arms = tuple(sorted({0, max(1, k // 2), k}))
+        self._buckets: dict[int, _Bucket] = {}
+
+    def arm_at(self, load: int) -> int:
+        """The draft cap in force at this load."""
+        bucket = self._buckets.get(bucket_of(load))
+        return max(self.arms) if bucket is None else bucket.arm
+
+    def plan(self, sequences: Sequence[SequenceView], load: int) -> Plan:
+        arm = self.arm_at(load)
+        budgets = tuple(s.capped(arm) if _may_draft(s) else 0 for s in sequences)
+        return Plan(budgets, f"auto: cap {arm} at load bucket {bucket_of(load)}")
+
+    def record(self, record: StepRecord) -> None:
+        if record.prefill_rows or record.seconds <= 0 or not any(_may_draft(s) for s in record.sequences):
+            return  # prefill in the pass, or no sequence that any arm would let draft
+        key = bucket_of(record.load)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(self.arms, max(self.arms))
+        if bucket.add_step(record.emitted, record.seconds):
+            arm = bucket.next_arm()
+            bucket.switched, bucket.arm = arm != bucket.arm, arm
+
+    def summary(self) -> dict:
+        """By load bucket: the arm in force, the leader, each arm's median score (tokens/s), windows run."""
+        return {"arms": list(self.arms), "buckets": [
+            {"load": key, "arm": b.arm, "leader": b.leader, "windows": b.windows,
+             "scores": {str(a): b.median(a) for a in self.arms}}
+            for key, b in sorted(self._buckets.items())]}
+
+
+def _may_draft(seq: SequenceView) -> bool:
+    return seq.drafts and not seq.seeded_sample
