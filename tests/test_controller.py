@@ -25,9 +25,13 @@ def view(request_id=0, k=4, room=100, drafts=True, seeded_sample=False) -> Seque
     return SequenceView(request_id, k, room, drafts, seeded_sample)
 
 
-def record(load: int, tokens: int, seconds: float, prefill_rows: int = 0, views=None) -> StepRecord:
+def record(controller: AutoController, load: int, tokens: int, seconds: float, prefill_rows: int = 0,
+           views=None) -> StepTrace:
+    """A step planned by controller now, as its trace comes back."""
     views = tuple(views or (view(),))
-    return StepRecord(load, views, (0,) * len(views), (0,) * len(views), tokens, prefill_rows, 0.0, seconds)
+    plan = controller.plan(views, load)
+    return StepTrace(plan, StepRecord(load, views, plan.budgets, (0,) * len(views), tokens, prefill_rows, 0.0,
+                                      seconds))
 
 
 def serve(controller: AutoController, load: int, steps: int, rate_of_cap) -> list[int]:
@@ -37,7 +41,7 @@ def serve(controller: AutoController, load: int, steps: int, rate_of_cap) -> lis
     for _ in range(steps):
         cap = controller.arm_at(load)
         caps.append(cap)
-        controller.record(record(load, 10, 10 / rate_of_cap(cap)))
+        controller.record(record(controller, load, 10, 10 / rate_of_cap(cap)))
     return caps
 
 
@@ -114,16 +118,19 @@ def test_each_load_bucket_learns_on_its_own():
 def test_steps_with_prefill_or_where_none_may_draft_teach_auto_nothing():
     controller = AutoController(4)
     for _ in range(5 * WINDOW):
-        controller.record(record(1, 10, 1.0, prefill_rows=7))
-        controller.record(record(1, 10, 1.0, views=[view(drafts=False), view(seeded_sample=True)]))
+        controller.record(record(controller, 1, 10, 1.0, prefill_rows=7))
+        controller.record(record(controller, 1, 10, 1.0, views=[view(drafts=False), view(seeded_sample=True)]))
     assert controller.summary()["buckets"] == []
 
 
-def test_a_windows_first_step_after_a_switch_is_not_counted():
+def test_steps_planned_before_a_switch_and_the_first_after_it_are_not_counted():
     controller = AutoController(2)  # caps 0, 1, 2: the largest first
-    serve(controller, 1, WINDOW, lambda cap: 100.0)
+    serve(controller, 1, WINDOW - 1, lambda cap: 100.0)
+    ahead = record(controller, 1, 10, 100.0)  # planned under cap 2, queued ahead of the window's end
+    serve(controller, 1, 1, lambda cap: 100.0)
     assert controller.arm_at(1) == 1
-    controller.record(record(1, 10, 100.0))  # the switch's step: a catch-up's cost, say
+    controller.record(ahead)
+    controller.record(record(controller, 1, 10, 100.0))  # the switch's step: a catch-up's cost, say
     serve(controller, 1, WINDOW, lambda cap: 100.0)
     assert controller.summary()["buckets"][0]["scores"]["1"] == pytest.approx(100.0)
 
@@ -161,8 +168,8 @@ class ScriptedController:
         budget = self.budgets[len(self.records) % len(self.budgets)]
         return Plan(tuple(s.capped(budget) for s in sequences), f"step {len(self.records)}")
 
-    def record(self, record):
-        self.records.append(record)
+    def record(self, trace):
+        self.records.append(trace.record)
 
     def summary(self):
         return {"steps": len(self.records)}

@@ -15,10 +15,11 @@ of what the server delivers sees all of them at once. So auto is a small bandit:
   window runs instead the arm whose latest score is the oldest, so that a change in load mix or in
   acceptance is seen; until every arm has a score, arms are tried from the largest down.
 
-Steps that count: no prefill rows in the pass and at least one sequence that may draft (otherwise
-every arm runs the same step); and not a window's first step after a change of arm, which pays for
-the switch (a draft model catching up on the text it skipped) once, where running that arm steadily
-does not. A seeded sample never drafts under auto: its draws depend on where drafts were verified,
+Steps that count: planned under the arm in force (a plain step queued ahead of the step that
+closed a window was not), no prefill rows in the pass, at least one sequence that may draft
+(otherwise every arm runs the same step), and not the first step planned under a new arm, which pays
+for the switch (a draft model catching up on the text it skipped) once, where running that arm
+steadily does not. A seeded sample never drafts under auto: its draws depend on where drafts were verified,
 and auto's cap depends on the batch (design rule 6).
 """
 
@@ -29,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from specdec.controller import Plan, SequenceView, StepRecord
+from specdec.controller import Plan, SequenceView, StepTrace
 
 WINDOW = 32  # counted steps a window: enough to average over a few rounds' luck, short next to a request
 MEMORY = 8  # windows an arm's median reads: one unlucky window does not decide
@@ -106,15 +107,18 @@ class AutoController:
     def plan(self, sequences: Sequence[SequenceView], load: int) -> Plan:
         arm = self.arm_at(load)
         budgets = tuple(s.capped(arm) if _may_draft(s) else 0 for s in sequences)
-        return Plan(budgets, f"auto: cap {arm} at load bucket {bucket_of(load)}")
+        return Plan(budgets, f"auto: cap {arm} at load bucket {bucket_of(load)}", key=arm)
 
-    def record(self, record: StepRecord) -> None:
+    def record(self, trace: StepTrace) -> None:
+        record = trace.record
         if record.prefill_rows or record.seconds <= 0 or not any(_may_draft(s) for s in record.sequences):
             return  # prefill in the pass, or no sequence that any arm would let draft
         key = bucket_of(record.load)
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(self.arms, max(self.arms))
+        if trace.plan.key != bucket.arm:
+            return  # planned before the arm changed
         if bucket.add_step(record.emitted, record.seconds):
             arm = bucket.next_arm()
             bucket.switched, bucket.arm = arm != bucket.arm, arm

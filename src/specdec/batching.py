@@ -311,8 +311,8 @@ class BatchedEngine:
         decoding = [u for u in flight.units if u.draft is not None]
         record = StepRecord(flight.load, flight.views, flight.ks, tuple(accepted.get(id(u.seq), 0) for u in decoding),
                             sum(len(tokens) for _, tokens, _ in emitted), flight.prefill_rows, draft_seconds, seconds)
-        self.controller.record(record)
         self.last_step = StepTrace(flight.plan, record)
+        self.controller.record(self.last_step)
         if self.on_step is not None:
             self.on_step(self.last_step)
 
@@ -361,8 +361,8 @@ class BatchedEngine:
         # The views as the step will see them: each sequence a token further on.
         views = tuple(SequenceView(v.request_id, v.k, v.room - 1, v.drafts, v.seeded_sample)
                       for v in (seq.view for _, seq in running))
-        plan = Plan((0,) * len(views), self.controller.plan(views, self._load).reason)
-        return self._launch(units, plan, views, self._load)
+        planned = self.controller.plan(views, self._load)  # plain: _next_step_is_plain said so
+        return self._launch(units, Plan((0,) * len(views), planned.reason, planned.key), views, self._load)
 
     def _drop_cancelled(self) -> None:
         """Cancelled sequences leave: running ones free their slot, waiting ones their place."""

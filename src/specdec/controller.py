@@ -44,10 +44,12 @@ class SequenceView:
 
 @dataclass(frozen=True)
 class Plan:
-    """A step's draft budget for each decoding sequence (batch order), and why, in words."""
+    """A step's draft budget for each decoding sequence (batch order), and why, in words. key: what
+    the controller needs to know its plan again when the step's record comes back (auto: the cap)."""
 
     budgets: tuple[int, ...]
     reason: str
+    key: object = None
 
     @property
     def plain(self) -> bool:
@@ -86,14 +88,14 @@ class StepTrace:
 
 class SpeculationController(Protocol):
     """plan() must not change the controller (the engine may ask for the next step's plan ahead of
-    it, to queue a plain step early); record() is called once per step, in order."""
+    it, to queue a plain step early); record() gets every step's trace once, in order."""
 
     name: str  # "request", "fixed" or "auto": how the server describes it
     k: int  # the most drafts it gives a sequence (request: the default for requests without one)
 
     def plan(self, sequences: Sequence[SequenceView], load: int) -> Plan: ...
 
-    def record(self, record: StepRecord) -> None: ...
+    def record(self, trace: StepTrace) -> None: ...
 
     def summary(self) -> dict: ...
 
@@ -111,7 +113,7 @@ class RequestK:
     def plan(self, sequences: Sequence[SequenceView], load: int) -> Plan:
         return Plan(tuple(s.capped(s.k) for s in sequences), "each request's k")
 
-    def record(self, record: StepRecord) -> None:
+    def record(self, trace: StepTrace) -> None:
         pass
 
     def summary(self) -> dict:
@@ -135,7 +137,7 @@ class FixedK:
     def plan(self, sequences: Sequence[SequenceView], load: int) -> Plan:
         return Plan(tuple(s.capped(self.k) for s in sequences), f"fixed K = {self.k}")
 
-    def record(self, record: StepRecord) -> None:
+    def record(self, trace: StepTrace) -> None:
         pass
 
     def summary(self) -> dict:
