@@ -11,9 +11,12 @@ of what the server delivers sees all of them at once. So auto is a small bandit:
   sequence verifies min(c, its room) drafts.
 - Each bucket runs windows of WINDOW counted steps at one arm. A window's score is its tokens over
   its seconds (whole step calls, emitting included), so it sees every cost the server pays.
-- The arm with the best median score over its latest MEMORY windows leads. Every EXPLORE_EVERY-th
-  window runs instead the arm whose latest score is the oldest, so that a change in load mix or in
-  acceptance is seen; until every arm has a score, arms are tried from the largest down.
+- The arm with the best median score over its latest MEMORY windows leads; until every arm has a
+  score, arms are tried from the largest down. A trailing arm that scores a fraction `loss` below the
+  leader runs a window again once loss / EXPLORE_COST windows have passed since its latest score, so
+  that re-measuring it costs at most about EXPLORE_COST of the throughput, whatever its loss: a near
+  tie is re-measured often and cheaply, a clear loser rarely. A change in acceptance or in the load's
+  mix moves the leader's own median first, and with it how soon the others are tried again.
 
 Steps that count: planned under the arm in force (a plain step queued ahead of the step that
 closed a window was not), no prefill rows in the pass, at least one sequence that may draft
@@ -34,7 +37,7 @@ from specdec.controller import Plan, SequenceView, StepTrace
 
 WINDOW = 32  # counted steps a window: enough to average over a few rounds' luck, short next to a request
 MEMORY = 8  # windows an arm's median reads: one unlucky window does not decide
-EXPLORE_EVERY = 16  # one window in 16 re-measures a trailing arm: at most about 6 % of the time at its loss
+EXPLORE_COST = 0.01  # the share of throughput that re-measuring each trailing arm may cost
 
 
 def bucket_of(load: int) -> int:
@@ -78,9 +81,11 @@ class _Bucket:
         untried = [a for a in self.arms if a not in self.scores]
         if untried:
             return max(untried)
-        if self.windows % EXPLORE_EVERY == 0:
-            return min((a for a in self.arms if a != self.leader), key=lambda a: self.last_scored[a])
-        return self.leader
+        leader = self.leader
+        best = self.median(leader)
+        due = [a for a in self.arms if a != leader
+               and self.windows - self.last_scored[a] >= (1 - self.median(a) / best) / EXPLORE_COST]
+        return min(due, key=lambda a: self.last_scored[a]) if due else leader
 
     @property
     def leader(self) -> int:
