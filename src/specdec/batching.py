@@ -37,6 +37,7 @@ from specdec.models.slots import RaggedOutput, SlotModel
 from specdec.speculation import (AcceptancePool, DraftCost, SequenceEvidence, SpeculationPolicy, StepCalibration,
                                  StepDecision, StepPlan, VerifyCostTable, choose_ks, fade_evidence,
                                  measure_verify_cost, step_seconds)
+from specdec.stops import TextStream
 from specdec.transfers import token_tensor
 from specdec.verify import Verdict
 
@@ -142,6 +143,7 @@ class _Sequence:
     prefilled: int = 0  # prompt tokens in the slot so far (the prompt minus its last when done)
     pending: torch.Tensor | None = None  # [1] the newest token, fed first by the next verify
     text_checked: int = 0  # generated tokens already checked for stop strings
+    stop_text: TextStream | None = None  # the answer's text, for its stop strings (made at the first check)
     running: bool = False  # holds a slot (admitted, not yet left)
     drafted_upto: int = -1  # auto mode: the text's length when its drafter last proposed (-1: never yet)
     evidence: SequenceEvidence = field(default_factory=SequenceEvidence)  # auto mode: its judged drafts, fading
@@ -673,14 +675,19 @@ class BatchedEngine:
         generated = seq.context[len(seq.prompt):]
         if not seq.config.ignore_eos and generated[-1] in self.eos_token_ids:
             return "stop"
-        if seq.config.stop:
-            # Only text that the newest tokens could complete needs checking; decode a few tokens back.
-            window = self.decode(generated[max(0, seq.text_checked - 8):])
-            if any(s in window for s in seq.config.stop):
-                return "stop"
+        if seq.config.stop and self._holds_stop(seq, generated):
+            return "stop"
         if len(generated) >= seq.config.max_new_tokens:
             return "length"
         return None
+
+    def _holds_stop(self, seq: _Sequence, generated: list[int]) -> bool:
+        """Whether the answer so far holds a stop string. Its text grows with it (stops.TextStream: a
+        few tokens' decoding and constant work a new character, however many stop strings)."""
+        if seq.stop_text is None:
+            seq.stop_text = TextStream(self.decode, seq.config.stop)
+        seq.stop_text.update(generated, final=False)
+        return seq.stop_text.stopped
 
     @staticmethod
     def _charge(unit: _Unit, draft: float, verify: float, other: float) -> None:
