@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import socket
@@ -119,24 +120,29 @@ def test_health_answers_while_huge_prompts_arrive(server):
     assert not isinstance(huge, httpx.Response) or huge.status_code == 413
 
 
-def test_a_prompt_is_tokenized_while_the_event_loop_runs_on():
-    """The tokenizer runs on a thread: here it waits for the loop itself to release it, which could
-    never happen if it ran on the loop (the way a slow prompt held /health before)."""
-    from specdec.server.app import _tokenize
+class PidTokenizer:
+    """Tokenizes any text as [the id of the process it runs in]."""
 
-    release = threading.Event()
+    all_special_tokens = ()
 
-    def encode() -> list[int]:
-        assert release.wait(30), "the event loop stood still while the prompt was tokenized"
-        return [5, 6]
+    def __call__(self, text: str, **_) -> dict:
+        return {"input_ids": [os.getpid()]}
+
+
+def test_a_body_is_read_and_tokenized_in_another_process():
+    """Parsing, validating and tokenizing hold the GIL; in a process of their own they stall neither
+    the event loop (and /health) nor the engine thread."""
+    from specdec.server.prep import Preparer, PrepSettings
 
     async def main() -> list[int]:
-        tokenizing = asyncio.create_task(_tokenize(encode, "prompt"))
-        await asyncio.sleep(0.01)  # the loop goes on serving while the tokenizer works
-        release.set()
-        return await tokenizing
+        preparer = Preparer(PrepSettings(PidTokenizer(), "m", 100, None, 100))
+        try:
+            return (await preparer(b'{"prompt": "hello"}', chat=False)).prompt_ids
+        finally:
+            preparer.close()
 
-    assert asyncio.run(main()) == [5, 6]
+    ids = asyncio.run(main())
+    assert len(ids) == 1 and ids[0] != os.getpid()
 
 
 def run_body_limit(messages: list[dict], max_bytes: int) -> tuple[list[dict], list[dict], list[int]]:
@@ -248,7 +254,7 @@ def test_a_surrogate_pair_is_valid_unicode(server):
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize("method,path,allowed", [("GET", COMP, "POST"), ("PUT", "/health", "GET"),
+@pytest.mark.parametrize("method,path,allowed", [("GET", COMP, "POST"), ("PUT", "/health", "GET, HEAD"),
                                                  ("DELETE", CHAT, "POST")])
 def test_a_wrong_method_is_405_with_allow(server, method, path, allowed):
     r = httpx.request(method, server.url + path, timeout=30)
