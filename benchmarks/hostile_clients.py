@@ -11,7 +11,8 @@ while a probe times /health and /metrics every 50 ms:
 - chat-63k: 4 clients looping on 63,000 empty chat messages (2.08 MB)
 - ids-1m: 8 clients looping on prompts of 1,000,000 token ids (2 MB each)
 
-Attackers run in a process of their own (their client-side work must not slow the probe). Prints a
+Attackers run in a process of their own at the lowest CPU priority (they stand for remote clients:
+their client-side work must not slow the probe or the server). Prints a
 table; saves results/hostile-clients-<time>.json. Loopback only, bounded in time (--phase-s a phase).
 
     PYTHONPATH=src python benchmarks/hostile_clients.py [--max-tokens 48] [--runs 3] [--phase-s 40]
@@ -102,6 +103,7 @@ class Probe(threading.Thread):
 
 def attack(url: str, name: str, max_tokens: int, stop_at: float, out) -> None:
     """In a process of its own: the attack's clients loop until `stop_at`; out gets the status counts."""
+    os.nice(19)  # remote clients in life: their own CPU work is not the server's to pay for
     clients, make, path = ATTACKS[name]
     body = json.dumps(make(max_tokens), separators=(",", ":")).encode()
     statuses: Counter = Counter()

@@ -148,7 +148,7 @@ def test_a_value_that_is_no_object_is_named(server, path, body, param, words):
 def test_a_5000_digit_integer_gets_a_clear_400_with_a_code(server):
     r = post(server, COMP, '{"prompt": "hello", "seed": ' + "9" * 5000 + "}")
     error = error_of(r, 400, None)
-    assert error["code"] == "integer_too_long" and "5000 digits" in error["message"]
+    assert error["code"] == "integer_too_long" and "digits" in error["message"]
 
 
 def test_head_health_answers_200(server):

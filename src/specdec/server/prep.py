@@ -1,6 +1,6 @@
 """Request bodies to validated requests and prompt ids, in a worker process of their own.
 
-`prepare(body, chat)` reads the JSON (no integer past MAX_INT_DIGITS digits), refuses from cheap
+`prepare(body, chat)` reads the JSON (no integer past Python's 4300 digits), refuses from cheap
 counts what cannot fit the context (messages, characters, token ids) before any validation or
 templating, validates the request model, refuses fields this server does not honour (fields.py),
 checks the model name, then runs the chat template and the tokenizer. It raises APIError (400, 404)
@@ -9,15 +9,20 @@ for the client's mistakes.
 It runs in a process, not on the event loop or a thread: JSON parsing, validation and templating
 hold the GIL for tens of milliseconds on a 2 MB body, which on a thread would stall the engine
 thread's every step and /health with it. `Preparer` bounds the work in flight: one worker process,
-at most MAX_PENDING bodies waiting for it (more get 503 with Retry-After).
+at most MAX_PENDING bodies waiting for it (more get 503 with Retry-After), at a lower CPU priority
+than the server's (NICENESS): a flood of bodies takes the CPU the engine leaves, not the engine's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import json
 import multiprocessing
+import os
 import signal
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +34,8 @@ from specdec.server import protocol as P
 from specdec.server.chat import encode_chat, encode_text, special_token_texts
 from specdec.server.fields import refused_field
 
-MAX_INT_DIGITS = 40  # no field takes more (a seed has at most 20); longer integers are refused unread
 MAX_PENDING = 64  # bodies waiting for the worker process; past this, 503
+NICENESS = 10  # the worker process yields the CPU to the engine: decoding first, reading bodies after
 
 
 @dataclass(frozen=True)
@@ -51,22 +56,43 @@ class Prepared:
 
 
 class Preparer:
-    """Runs `prepare` in one worker process; `await preparer(body, chat)` gives a Prepared or raises APIError."""
+    """Runs `prepare` in one worker process; `await preparer(body, chat)` gives a Prepared or raises APIError.
+
+    Bodies wait their turn smallest first: a flood of 2 MB bodies delays a normal request by at most
+    the one body being read, not by the whole queue of them."""
 
     def __init__(self, settings: PrepSettings, max_pending: int = MAX_PENDING):
         context = multiprocessing.get_context("spawn")  # no fork of a process with torch's threads running
         self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_install, initargs=(settings,))
         self._pool.submit(_ready).result()  # start it now (imports take seconds), not at the first request
         self.max_pending, self.pending = max_pending, 0
+        self._turns: list[tuple[int, int, asyncio.Future]] = []  # (body bytes, arrival, its turn) heap
+        self._arrivals = itertools.count()
+        self._busy = False
 
     async def __call__(self, body: bytes, chat: bool) -> Prepared:
         if self.pending >= self.max_pending:
             raise P.APIError(503, f"{self.pending} requests are being read; retry later", None, "queue_full")
         self.pending += 1
+        turn = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._turns, (len(body), next(self._arrivals), turn))
         try:
+            self._next()
+            await turn
             return await asyncio.wrap_future(self._pool.submit(prepare, body, chat))
         finally:
             self.pending -= 1
+            if turn.done() and not turn.cancelled():  # it had the worker: hand it on
+                self._busy = False
+            self._next()
+
+    def _next(self) -> None:
+        """Give the worker to the smallest waiting body, if it is free (skipping clients that left)."""
+        while not self._busy and self._turns:
+            turn = heapq.heappop(self._turns)[2]
+            if not turn.done():
+                turn.set_result(None)
+                self._busy = True
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -79,6 +105,7 @@ _SPECIALS: tuple[str, ...] = ()
 def _install(settings: PrepSettings) -> None:
     global _SETTINGS, _SPECIALS
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle (it drains)
+    os.nice(NICENESS)
     _SETTINGS, _SPECIALS = settings, special_token_texts(settings.tokenizer)
 
 
@@ -118,26 +145,15 @@ def prepare(body: bytes, chat: bool) -> Prepared:
 def parse_body(body: bytes) -> dict:
     """The body's JSON object; 400 for bad JSON, a body that is no object, an integer too long to be a value."""
     try:
-        obj = json.loads(body, parse_int=_bounded_int)
-    except _IntegerTooLong as exc:
-        raise P.APIError(400, f"the body has an integer of {exc.args[0]} digits; no field takes more than "
-                              f"{MAX_INT_DIGITS}", None, "integer_too_long") from None
-    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        obj = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise P.APIError(400, f"the body is not valid JSON: {exc}", None, "invalid_json") from None
+    except ValueError:  # the one other ValueError of json.loads: an integer past Python's digit limit
+        raise P.APIError(400, f"the body has an integer of more than {sys.get_int_max_str_digits()} digits; "
+                              "no field takes one", None, "integer_too_long") from None
     if not isinstance(obj, dict):
         raise P.APIError(400, "the request body must be a JSON object", None, "invalid_body")
     return obj
-
-
-class _IntegerTooLong(Exception):
-    pass
-
-
-def _bounded_int(text: str) -> int:
-    digits = len(text) - text.startswith("-")
-    if digits > MAX_INT_DIGITS:
-        raise _IntegerTooLong(digits)
-    return int(text)
 
 
 def check_counts(obj: dict, chat: bool, settings: PrepSettings) -> None:
