@@ -13,7 +13,7 @@ while a probe times /health and /metrics every 50 ms:
 
 Attackers run in a process of their own at the lowest CPU priority (they stand for remote clients:
 their client-side work must not slow the probe or the server). Prints a
-table; saves results/hostile-clients-<time>.json. Loopback only, bounded in time (--phase-s a phase).
+table; saves results/hostile-clients-<time>.json (the server's log goes to the temp directory). Loopback only, bounded in time (--phase-s a phase).
 
     PYTHONPATH=src python benchmarks/hostile_clients.py [--max-tokens 48] [--runs 3] [--phase-s 40]
 """
@@ -28,6 +28,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -170,7 +171,8 @@ def main() -> None:
     stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(port, args.out / f"hostile-clients-{stamp}.log")
+    log = Path(tempfile.gettempdir()) / f"hostile-clients-{stamp}-server.log"  # an access line a request: large
+    proc = start_server(port, log)
     try:
         wait_ready(url, proc)
         normal_request(url, args.max_tokens)  # warm
@@ -189,7 +191,7 @@ def main() -> None:
               "command": " ".join(sys.argv), "max_tokens": args.max_tokens, "runs": args.runs, "phases": rows}
     path = args.out / f"hostile-clients-{stamp}.json"
     path.write_text(json.dumps(result, indent=1))
-    print(f"CPU: {result['cpu']}; saved {path}")
+    print(f"CPU: {result['cpu']}; saved {path}; the server's log: {log}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """The FastAPI app: OpenAI-compatible endpoints, /health, /metrics, /speculation, and the web view at `/`.
 
 Request handling, in order: the body's size and read time (`limits.BodyLimit`: 413, 408), API key,
-validation (pydantic, strict, mapped to OpenAI's 400 shape), fields that would change sampling
-(400), model and drafter lookup, a prompt length bound by characters, tokenization (on a thread, so
-the event loop and /health never wait on it) and the context check, then admission to the engine's
-queue (503 when full or shutting down). Only after all of that can a stream start, so every client
+then in a worker process (prep.py, so that neither the event loop and /health nor the engine thread
+wait on it): the JSON, a prompt length bound from counts, validation (pydantic, strict, mapped to
+OpenAI's 400 shape), fields this server does not honour (fields.py: 400), the model, the chat
+template and tokenization; back here the drafter, the context check, then admission to the
+engine's queue (503 when full or shutting down; every 503 says Retry-After). Only after all of that can a stream start, so every client
 error gets a proper status code. The engine is a BatchedEngine over a slot model of the target
 (worker.EngineWorker steps it on a thread of its own).
 """
