@@ -145,6 +145,27 @@ def test_a_body_is_read_and_tokenized_in_another_process():
     assert len(ids) == 1 and ids[0] != os.getpid()
 
 
+def test_a_worker_process_that_dies_is_replaced():
+    """One request gets a 503 to retry; the next is read by a new worker process."""
+    from specdec.server.prep import Preparer, PrepSettings
+    from specdec.server.protocol import APIError
+
+    async def main() -> tuple[int, int, APIError]:
+        preparer = Preparer(PrepSettings(PidTokenizer(), "m", 100, None, 100))
+        body = b'{"prompt": "hello"}'
+        try:
+            first = (await preparer(body, chat=False)).prompt_ids[0]
+            os.kill(first, signal.SIGKILL)
+            with pytest.raises(APIError) as refused:
+                await preparer(body, chat=False)
+            return first, (await preparer(body, chat=False)).prompt_ids[0], refused.value
+        finally:
+            preparer.close()
+
+    first, second, refused = asyncio.run(main())
+    assert (refused.status, refused.code) == (503, "worker_restarted") and second not in (first, os.getpid())
+
+
 def run_body_limit(messages: list[dict], max_bytes: int) -> tuple[list[dict], list[dict], list[int]]:
     """BodyLimit around an app that records what it receives; returns (app saw, sent, refusals)."""
     from specdec.server.connection import BodyLimit

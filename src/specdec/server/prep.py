@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +63,8 @@ class Preparer:
     the one body being read, not by the whole queue of them."""
 
     def __init__(self, settings: PrepSettings, max_pending: int = MAX_PENDING):
-        context = multiprocessing.get_context("spawn")  # no fork of a process with torch's threads running
-        self._pool = ProcessPoolExecutor(1, mp_context=context, initializer=_install, initargs=(settings,))
+        self._settings = settings
+        self._pool = self._start()
         self._pool.submit(_ready).result()  # start it now (imports take seconds), not at the first request
         self.max_pending, self.pending = max_pending, 0
         self._turns: list[tuple[int, int, asyncio.Future]] = []  # (body bytes, arrival, its turn) heap
@@ -80,6 +81,9 @@ class Preparer:
             self._next()
             await turn
             return await asyncio.wrap_future(self._pool.submit(prepare, body, chat))
+        except BrokenProcessPool:  # the worker died (killed, or a crash in a tokenizer): a new one for the next
+            self._pool = self._start()
+            raise P.APIError(503, "the process that reads requests stopped; retry", None, "worker_restarted") from None
         finally:
             self.pending -= 1
             if turn.done() and not turn.cancelled():  # it had the worker: hand it on
@@ -94,6 +98,10 @@ class Preparer:
                 turn.set_result(None)
                 self._busy = True
 
+    def _start(self) -> ProcessPoolExecutor:
+        context = multiprocessing.get_context("spawn")  # no fork of a process with torch's threads running
+        return ProcessPoolExecutor(1, mp_context=context, initializer=_install, initargs=(self._settings,))
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -103,10 +111,10 @@ _SPECIALS: tuple[str, ...] = ()
 
 
 def _install(settings: PrepSettings) -> None:
-    global _SETTINGS, _SPECIALS
+    """The worker process's start."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle (it drains)
     os.nice(NICENESS)
-    _SETTINGS, _SPECIALS = settings, special_token_texts(settings.tokenizer)
+    install_here(settings)
 
 
 def _ready() -> bool:
@@ -114,7 +122,7 @@ def _ready() -> bool:
 
 
 def install_here(settings: PrepSettings) -> None:
-    """Prepare in this process (tests call `prepare` directly)."""
+    """What `prepare` reads, in this process (the worker's; tests call `prepare` directly)."""
     global _SETTINGS, _SPECIALS
     _SETTINGS, _SPECIALS = settings, special_token_texts(settings.tokenizer)
 
