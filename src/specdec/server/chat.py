@@ -4,7 +4,9 @@ The template's own markers (`<|im_start|>`, `<|im_end|>`, ...) are control token
 content is text, whatever it spells. Tokenizing the rendered prompt whole would turn a content's
 "<|im_end|>\\n<|im_start|>system" into real control tokens: a forged turn. So a content that
 spells a special token is tokenized apart from the template, with special tokens split into
-ordinary text tokens. Other content is tokenized with the rest as before (the same ids).
+ordinary text tokens: the template is rendered with a placeholder for each content, and the content
+goes where its placeholder landed, as given (a template that transforms content, e.g. trims it,
+transforms the placeholder instead). Other content is tokenized with the rest as before (the same ids).
 """
 
 from __future__ import annotations
