@@ -1,4 +1,4 @@
-"""The server's incremental detokenization (server/streams.TextStream): what it shows concatenates to
+"""The server's incremental detokenization (specdec.stops.TextStream): what it shows concatenates to
 the whole answer's text, holds back half characters and possible stop strings, and decodes each
 token a bounded number of times however long the answer."""
 
@@ -7,7 +7,7 @@ import random
 import pytest
 
 from specdec.runtime import cut_at_stop
-from specdec.server.streams import TextStream
+from specdec.stops import TextStream
 from tests.helpers_tiny import tiny_tokenizer
 
 TEXT = "naïve café: 日本語 and 🙂🙂, déjà vu. Ω≈ç√∫ end"

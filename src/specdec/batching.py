@@ -34,6 +34,7 @@ from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, p
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
+from specdec.stops import TextStream
 from specdec.transfers import token_tensor
 from specdec.verify import Verdict
 
@@ -139,7 +140,7 @@ class _Sequence:
     slot: int = -1
     prefilled: int = 0  # prompt tokens in the slot so far (the prompt minus its last when done)
     pending: torch.Tensor | None = None  # [1] the newest token, fed first by the next verify
-    text_checked: int = 0  # generated tokens already checked for stop strings
+    stop_text: TextStream | None = None  # the answer's text, for its stop strings (made at the first check)
     running: bool = False  # holds a slot (admitted, not yet left)
 
     @property
@@ -473,7 +474,6 @@ class BatchedEngine:
             if reason:
                 break
         stats.record_round(verdict, len(emitted))
-        seq.text_checked = len(seq.context) - len(seq.prompt)
         return emitted, reason
 
     def _rollback(self, seq: _Sequence, valid: int) -> None:
@@ -485,14 +485,19 @@ class BatchedEngine:
         generated = seq.context[len(seq.prompt):]
         if not seq.config.ignore_eos and generated[-1] in self.eos_token_ids:
             return "stop"
-        if seq.config.stop:
-            # Only text that the newest tokens could complete needs checking; decode a few tokens back.
-            window = self.decode(generated[max(0, seq.text_checked - 8):])
-            if any(s in window for s in seq.config.stop):
-                return "stop"
+        if seq.config.stop and self._holds_stop(seq, generated):
+            return "stop"
         if len(generated) >= seq.config.max_new_tokens:
             return "length"
         return None
+
+    def _holds_stop(self, seq: _Sequence, generated: list[int]) -> bool:
+        """Whether the answer so far holds a stop string. Its text grows with it (stops.TextStream: a
+        few tokens' decoding and constant work a new character, however many stop strings)."""
+        if seq.stop_text is None:
+            seq.stop_text = TextStream(self.decode, seq.config.stop)
+        seq.stop_text.update(generated, final=False)
+        return seq.stop_text.stopped
 
     @staticmethod
     def _charge(unit: _Unit, draft: float, verify: float, other: float) -> None:

@@ -44,13 +44,46 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
     def make_generator(self, device: torch.device | str = "cpu") -> torch.Generator:
-        """A generator seeded from `seed` (or from fresh entropy when seed is None)."""
+        """A generator seeded from `seed` (or from fresh entropy when seed is None). Every one of the
+        seed's 64 bits counts (a negative seed s is 2**64 + s): two seeds give two different streams."""
         gen = torch.Generator(device=device)
         if self.seed is None:
             gen.seed()
+        elif gen.device.type == "cpu":
+            seed_all_bits(gen, self.seed % 2**64)
         else:
-            gen.manual_seed(self.seed)
+            gen.manual_seed(self.seed % 2**64)  # CUDA's Philox generator takes the 64-bit seed whole
         return gen
+
+
+# torch's CPU generator state: uint64 seed, int32 left, int32 seeded, uint64 next, then the
+# Mersenne Twister's 624 32-bit words, each in a uint64 (int64s 3 to 626 of the state).
+_MT_WORD0, _MT_WORDS = 3, 624
+
+
+def seed_all_bits(gen: torch.Generator, seed: int) -> None:
+    """Seed a CPU generator from all 64 bits of `seed` (0 <= seed < 2**64), collision free.
+
+    torch's manual_seed keeps the low 32 bits (s and s + 2**32 draw alike): it fills the Mersenne
+    Twister's words with Matsumoto and Nishimura's recurrence w[0] = low, w[i] = g(w[i-1]) + i,
+    g(x) = 1812433253 * (x ^ (x >> 30)) mod 2**32 (a bijection). Here the high 32 bits are added
+    into w[1] too, so they reach every later word. Two seeds with the same state have the same
+    w[0] (low half), so the same g(w[0]), so the same high half: no collisions. A seed below 2**32
+    draws exactly as torch.manual_seed(seed) draws."""
+    low, high = seed & 0xFFFFFFFF, seed >> 32
+    gen.manual_seed(low)
+    state = gen.get_state()
+    words = state.view(torch.int64)  # a view: writes go to `state`
+    if int(words[_MT_WORD0]) != low:
+        raise RuntimeError("torch's CPU generator state has a layout this code does not know; "
+                           "see specdec.sampling.seed_all_bits")
+    mt = [low]
+    for i in range(1, _MT_WORDS):
+        prev = mt[-1]
+        mt.append((1812433253 * (prev ^ (prev >> 30)) + i + (high if i == 1 else 0)) & 0xFFFFFFFF)
+    words[_MT_WORD0:_MT_WORD0 + _MT_WORDS] = torch.tensor(mt, dtype=torch.int64)
+    words[0] = seed - 2**64 if seed >= 2**63 else seed  # initial_seed() reports the whole seed
+    gen.set_state(state)
 
 
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """The FastAPI app: OpenAI-compatible endpoints, /health, /metrics, /speculation, and the web view at `/`.
 
 Request handling, in order: the body's size and read time (`limits.BodyLimit`: 413, 408), API key,
-validation (pydantic, strict, mapped to OpenAI's 400 shape), fields that would change sampling
-(400), model and drafter lookup, a prompt length bound by characters, tokenization (on a thread, so
-the event loop and /health never wait on it) and the context check, then admission to the engine's
-queue (503 when full or shutting down). Only after all of that can a stream start, so every client
+then in a worker process (prep.py, so that neither the event loop and /health nor the engine thread
+wait on it): the JSON, a prompt length bound from counts, validation (pydantic, strict, mapped to
+OpenAI's 400 shape), fields this server does not honour (fields.py: 400), the model, the chat
+template and tokenization; back here the drafter, the context check, then admission to the
+engine's queue (503 when full or shutting down; every 503 says Retry-After). Only after all of that can a stream start, so every client
 error gets a proper status code. The engine is a BatchedEngine over a slot model of the target
 (worker.EngineWorker steps it on a thread of its own).
 """
@@ -28,18 +29,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.batching import BatchConfig, BatchedEngine
 from specdec.drafters.registry import DraftMenu
 from specdec.generation import GenerationConfig, SpecStats
-from specdec.errors import SpecdecError
 from specdec.runtime import Runtime, eos_ids, slot_target
 from specdec.sampling import SamplingParams
 from specdec.server import protocol as P
 from specdec.server.connection import BodyLimit
 from specdec.server.limits import Limits
 from specdec.server.metrics import ServerMetrics
+from specdec.server.prep import Preparer, PrepSettings
 from specdec.server.worker import DoneEvent, EngineWorker, ErrorEvent, Job, TokenEvent
 from specdec.controller import RequestK, Speculation
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context
+RETRY_AFTER = {"Retry-After": "1"}  # on every 503: a full queue or a drain passes; seconds to wait
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,10 @@ class ServerState:
         self.kv_cache_bytes = int(getattr(self.slots, "kv_cache_bytes", 0))
         self.metrics.set_capacity(self.slots.max_slots, self.kv_cache_bytes)
         self.worker = EngineWorker(self.engine, self.drafters, config.max_queue, self.metrics)
-        self.longest_token_chars = _longest_token_chars(runtime.tokenizer)
         tokenizer = runtime.tokenizer
         self.token_text = lambda token_id: tokenizer.decode([token_id])  # logprobs name tokens with specials
+        self.prepare = Preparer(PrepSettings(tokenizer, config.model_name, self.max_model_len,
+                                             _longest_token_chars(tokenizer), self.slots.vocab_size))
 
     @property
     def default_runtime(self) -> Runtime:
@@ -88,11 +91,6 @@ class ServerState:
     @property
     def max_model_len(self) -> int:
         return int(self.slots.max_length)
-
-    @property
-    def max_prompt_chars(self) -> int | None:
-        """No text longer than this fits the context: each token covers at most the longest token's characters."""
-        return None if self.longest_token_chars is None else self.max_model_len * self.longest_token_chars
 
 
 def _longest_token_chars(tokenizer) -> int | None:
@@ -109,6 +107,7 @@ def create_app(state: ServerState) -> FastAPI:
         import anyio
 
         await anyio.to_thread.run_sync(state.worker.shutdown)
+        state.prepare.close()
 
     app = FastAPI(title="specdec", description="OpenAI-compatible server with exact speculative decoding",
                   lifespan=lifespan)
@@ -119,10 +118,10 @@ def create_app(state: ServerState) -> FastAPI:
     _install_error_handlers(app, state)
     auth = Depends(_check_api_key(state.config.api_key, state.metrics))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         if not state.worker.accepting:
-            return JSONResponse({"status": "shutting down"}, status_code=503)
+            return JSONResponse({"status": "shutting down"}, status_code=503, headers=RETRY_AFTER)
         return JSONResponse({"status": "ok", "in_flight": state.worker.in_system})
 
     @app.get("/metrics")
@@ -138,22 +137,48 @@ def create_app(state: ServerState) -> FastAPI:
     async def models() -> dict:
         return {"object": "list", "data": [_model_card(state)]}
 
-    @app.post("/v1/completions", dependencies=[auth])
-    async def completions(request: P.CompletionRequest, raw: Request):
-        _check_model(state, request)
-        return await _serve(state, request, await _completion_prompt(state, request), chat=False, raw=raw)
+    @app.post("/v1/completions", dependencies=[auth], openapi_extra=_body_schema(P.CompletionRequest))
+    async def completions(raw: Request):
+        prepared = await state.prepare(await raw.body(), chat=False)
+        return await _serve(state, prepared.request, prepared.prompt_ids, chat=False, raw=raw)
 
-    @app.post("/v1/chat/completions", dependencies=[auth])
-    async def chat_completions(request: P.ChatCompletionRequest, raw: Request):
-        _check_model(state, request)
-        return await _serve(state, request, await _chat_prompt(state, request), chat=True, raw=raw)
+    @app.post("/v1/chat/completions", dependencies=[auth], openapi_extra=_body_schema(P.ChatCompletionRequest))
+    async def chat_completions(raw: Request):
+        prepared = await state.prepare(await raw.body(), chat=True)
+        return await _serve(state, prepared.request, prepared.prompt_ids, chat=True, raw=raw)
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html")
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    _with_request_schemas(app)
     return app
+
+
+REQUEST_MODELS = (P.CompletionRequest, P.ChatCompletionRequest)
+SCHEMA_REF = "#/components/schemas/{model}"
+
+
+def _body_schema(model: type[P.SamplingFields]) -> dict:
+    """The OpenAPI request body of an endpoint that reads its body itself (server/prep.py)."""
+    schema = model.model_json_schema(ref_template=SCHEMA_REF)
+    schema.pop("$defs", None)  # in the document's components: _with_request_schemas
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _with_request_schemas(app: FastAPI) -> None:
+    """Add the request models' nested schemas (their $defs) to the OpenAPI document's components."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        document = generate()
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for model in REQUEST_MODELS:
+            schemas.update(model.model_json_schema(ref_template=SCHEMA_REF).get("$defs", {}))
+        return document
+
+    app.openapi = openapi
 
 
 # ---- errors and auth -----------------------------------------------------------------------------
@@ -162,7 +187,8 @@ def create_app(state: ServerState) -> FastAPI:
 def _install_error_handlers(app: FastAPI, state: ServerState) -> None:
     def reply(error: P.APIError) -> JSONResponse:
         state.metrics.reject(error.status)
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+        headers = {**(error.headers or {}), **(RETRY_AFTER if error.status == 503 else {})}
+        return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
 
     @app.exception_handler(P.APIError)
     async def api_error(_: Request, exc: P.APIError):
@@ -224,58 +250,6 @@ def _decision(state: ServerState) -> dict:
     return fields
 
 
-async def _completion_prompt(state: ServerState, request: P.CompletionRequest) -> list[int]:
-    prompt = request.prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
-        _check_prompt_size(state, len(prompt), "prompt", "tokens")
-        vocab = state.default_runtime.engine.target.vocab_size
-        if any(not 0 <= x < vocab for x in prompt):
-            raise P.APIError(400, f"prompt: token ids must be in [0, {vocab})", "prompt", "invalid_value")
-        return list(prompt)
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise P.APIError(400, "prompt: give one string (batches of prompts are not served)", "prompt",
-                             "invalid_value")
-        prompt = prompt[0]
-    _check_prompt_size(state, len(prompt), "prompt", "characters")
-    return await _tokenize(lambda: state.default_runtime.encode(prompt, chat=False), "prompt")
-
-
-async def _chat_prompt(state: ServerState, request: P.ChatCompletionRequest) -> list[int]:
-    if not request.messages:
-        raise P.APIError(400, "messages: give at least one message", "messages", "invalid_value")
-    messages = [{"role": m.role, "content": m.text()} for m in request.messages]
-    _check_prompt_size(state, sum(len(m["content"]) for m in messages), "messages", "characters")
-    return await _tokenize(lambda: state.default_runtime.encode_messages(messages), "messages")
-
-
-def _check_prompt_size(state: ServerState, size: int, param: str, unit: str) -> None:
-    """Refuse a prompt that cannot fit before any tokenizing: `size` tokens, or characters (a bound)."""
-    limit = state.max_model_len
-    bound = limit if unit == "tokens" else state.max_prompt_chars
-    if bound is not None and size > bound:
-        why = "" if unit == "tokens" else f" (a token covers at most {state.longest_token_chars} characters here)"
-        raise P.APIError(400, f"{param}: {size} {unit} cannot fit the context of {limit} tokens{why}",
-                         param, "context_length_exceeded")
-
-
-async def _tokenize(encode, param: str) -> list[int]:
-    try:
-        ids = await asyncio.to_thread(encode)  # a long prompt must not stall the event loop (and /health)
-    except (SpecdecError, ValueError, TypeError) as exc:  # empty text, no chat template, ...
-        raise P.APIError(400, f"{param}: {exc}", param, "invalid_value") from None
-    if not ids:
-        raise P.APIError(400, f"{param}: the prompt is empty", param, "invalid_value")
-    return ids
-
-
-def _check_model(state: ServerState, request: P.SamplingFields) -> None:
-    name = state.config.model_name
-    if request.model is not None and request.model != name:
-        raise P.APIError(404, f"model {request.model!r} does not exist; this server serves {name!r}",
-                         "model", "model_not_found")
-
-
 def _make_job(state: ServerState, request: P.SamplingFields, prompt_ids: list[int], chat: bool) -> Job:
     c = state.config
     _check_fields(state, request)
@@ -295,13 +269,9 @@ def _make_job(state: ServerState, request: P.SamplingFields, prompt_ids: list[in
 
 
 def _check_fields(state: ServerState, request: P.SamplingFields) -> None:
-    """400 for a field this server does not honour, and for n beyond what the queue can ever hold."""
-    refused = request.refused_field()
-    if refused:
-        name, neutral = refused
-        keep = "leave it out" + ("" if neutral is None else f" or send {neutral!r}")
-        raise P.APIError(400, f"{name}: not supported here (it changes the distribution sampled from, and "
-                              f"speculation here is exact for the model's own); {keep}", name, "unsupported_parameter")
+    """400 for fields that contradict each other, and for n beyond what the queue can ever hold."""
+    if request.stream_options is not None and not request.stream:
+        raise P.APIError(400, "stream_options: only with stream set to true", "stream_options", "invalid_value")
     if isinstance(request, P.ChatCompletionRequest) and request.top_logprobs is not None and not request.logprobs:
         raise P.APIError(400, "top_logprobs: needs logprobs set to true", "top_logprobs", "invalid_value")
     capacity = state.slots.max_slots + state.config.max_queue
@@ -337,7 +307,7 @@ def _token_budget(state: ServerState, request: P.SamplingFields, prompt_len: int
     if prompt_len >= limit:
         raise P.APIError(400, f"{prompt_param}: the prompt has {prompt_len} tokens; the context is {limit}",
                          prompt_param, "context_length_exceeded")
-    max_tokens, param = _max_tokens(request, chat)
+    max_tokens, param = _max_tokens(request)
     if max_tokens is None:
         max_tokens = limit - prompt_len if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, limit - prompt_len)
     if prompt_len + max_tokens > limit:
@@ -346,8 +316,8 @@ def _token_budget(state: ServerState, request: P.SamplingFields, prompt_len: int
     return max_tokens, param
 
 
-def _max_tokens(request: P.SamplingFields, chat: bool) -> tuple[int | None, str]:
-    if chat and getattr(request, "max_completion_tokens", None) is not None:
+def _max_tokens(request: P.SamplingFields) -> tuple[int | None, str]:
+    if request.max_completion_tokens is not None:
         return request.max_completion_tokens, "max_completion_tokens"
     return request.max_tokens, "max_tokens"
 

@@ -1,8 +1,8 @@
 """The OpenAI wire format: request models (validated by pydantic), response builders, error bodies.
 
 Unknown request fields are ignored, as OpenAI-compatible servers do, except those that would change
-what is sampled (penalties, `logit_bias`, `response_format`, ...: REFUSED): a value other than their
-neutral one gets a 400 naming the field, never a silent "no". Two extension fields, `k` and `draft`,
+the output (penalties, `logit_bias`, `response_format`, ...: fields.py lists them): a value other
+than their neutral one gets a 400 naming the field, never a silent "no". Two extension fields, `k` and `draft`,
 let one request choose K and the drafter (among those the server was started with).
 Types are strict (no "8" for 8, no true for 1, no "yes" for true; an integer is a number), numbers
 finite, and text valid Unicode, so that a wrong request gets a 400 naming its field, never a guess.
@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from specdec.stops import stop_list_problem
 
 MAX_K = 64
 MAX_N = 16  # choices per request (each a sequence of the batch)
@@ -39,8 +41,16 @@ def _seed_in_range(seed: int | None) -> int | None:
     return seed
 
 
+def _stops_within_bounds(stop: str | list[str] | None) -> str | list[str] | None:
+    problem = stop_list_problem((stop,) if isinstance(stop, str) else tuple(stop or ()))
+    if problem:
+        raise ValueError(problem)
+    return stop
+
+
 Text = Annotated[str, AfterValidator(_valid_unicode)]
 Seed = Annotated[Union[int, None], AfterValidator(_seed_in_range)]
+Stop = Annotated[Union[Text, list[Text], None], AfterValidator(_stops_within_bounds)]
 
 
 def Number(default: float, **bounds) -> float:  # noqa: N802 - a Field, spelled like a type
@@ -59,46 +69,19 @@ class SamplingFields(BaseModel):
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, description="as max_tokens; it wins when both are set")
     temperature: float = Number(1.0, ge=0.0, le=2.0)
     top_p: float = Number(1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=-1)  # -1 and 0 both mean off (vLLM uses -1)
     min_p: float = Number(0.0, ge=0.0, lt=1.0)
     seed: Seed = None
-    stop: Union[Text, list[Text], None] = None
+    stop: Stop = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=MAX_N, description="choices: n sequences of the batch, choice i with seed + i")
     ignore_eos: bool = False
     k: int | None = Field(default=None, ge=1, le=MAX_K, description="extension: draft tokens per round")
     draft: str | None = Field(default=None, description="extension: which drafter (see /v1/models)")
-
-    # Fields that change sampling, declared so that they are seen (not dropped as unknown): refused_field()
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    repetition_penalty: Any = None
-    logit_bias: Any = None
-    response_format: Any = None
-    min_tokens: Any = None
-    use_beam_search: Any = None
-    length_penalty: Any = None
-    stop_token_ids: Any = None
-    bad_words: Any = None
-    allowed_token_ids: Any = None
-    prompt_logprobs: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    structured_outputs: Any = None
-    logits_processors: Any = None
-
-    def refused_field(self) -> tuple[str, object] | None:
-        """(the first field set to a value this server does not honour, its neutral value), or None."""
-        for name, neutral in REFUSED.items():
-            value = getattr(self, name, None)
-            if value is not None and not any(type(value) is type(n) and value == n for n in neutral):
-                return name, neutral[0] if neutral else None
-        return None
 
     @property
     def top_logprobs_count(self) -> int | None:
@@ -114,25 +97,11 @@ class SamplingFields(BaseModel):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
-# The values of each refused field that change nothing (None, or leaving it out, always does).
-REFUSED: dict[str, tuple] = {
-    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-    "logit_bias": ({},), "response_format": ({"type": "text"},), "min_tokens": (0,), "use_beam_search": (False,),
-    "length_penalty": (1, 1.0), "stop_token_ids": ([],), "bad_words": ([],), "allowed_token_ids": (),
-    "prompt_logprobs": (), "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
-    "structured_outputs": (), "logits_processors": (), "best_of": (1,), "echo": (False,), "suffix": ("",),
-    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-}
-
-
 class CompletionRequest(SamplingFields):
     # A string, a one-element list of strings, or a list of token ids (batches are not served).
     prompt: Union[Text, list[Text], list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS,
                                  description="each token's log-probability under p, and this many alternatives")
-    best_of: Any = None
-    echo: Any = None
-    suffix: Any = None
 
     @property
     def top_logprobs_count(self) -> int | None:
@@ -158,13 +127,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    tools: Any = None
-    tool_choice: Any = None
-    functions: Any = None
-    function_call: Any = None
 
     @property
     def top_logprobs_count(self) -> int | None:
@@ -189,6 +153,9 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers  # e.g. Allow on a 405
 
+    def __reduce__(self):  # it crosses from the worker process that reads request bodies (server/prep.py)
+        return APIError, (self.status, self.message, self.param, self.code, self.headers)
+
     def body(self) -> dict:
         return error_body(self.status, self.message, self.param, self.code)
 
@@ -202,13 +169,16 @@ def validation_error(errors: list[dict]) -> APIError:
     """pydantic's error list -> one 400 that names the first offending field."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
     # Of a union's failed members, the one that got deepest into the value says what was wrong.
-    first = max((e for e in errors if e["loc"][:2] == first["loc"][:2]), key=lambda e: len(_path(e)), default=first)
+    first = max((e for e in errors if _path(e)[:1] == _path(first)[:1]), key=lambda e: len(_path(e)), default=first)
     loc = _path(first)
     kind = first.get("type", "")
     if kind == "json_invalid":
         return APIError(400, f"the body is not valid JSON: {first.get('msg')}", None, "invalid_json")
-    if not loc or kind in ("model_attributes_type", "dict_type", "model_type"):
+    if not loc:
         return APIError(400, "the request body must be a JSON object", None, "invalid_body")
+    if kind in ("model_attributes_type", "dict_type", "model_type"):
+        got = JSON_TYPES.get(type(first.get("input")), "another type")
+        return APIError(400, f"{'.'.join(loc)}: must be an object, got {got}", loc[0], "invalid_value")
     param = loc[0]
     message = str(first.get("msg", "")).removeprefix("Value error, ")
     if kind.endswith("_type") and "input" in first:  # strict types: say what came instead

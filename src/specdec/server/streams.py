@@ -1,7 +1,7 @@
 """What one choice of a request sends back: text as it becomes final, its tokens, then its end.
 
 A ChoiceStream is the batched engine's listener for one sequence: the engine thread calls it with
-each step's tokens; it detokenizes incrementally (TextStream), times the tokens for the metrics and
+each step's tokens; it detokenizes incrementally (stops.TextStream), times the tokens for the metrics and
 hands events to the asyncio loop (`emit`, a call_soon_threadsafe). Event `index` is the choice's
 index in the request (n > 1 runs n sequences).
 """
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from specdec.generation import EmittedToken, SpecStats
-from specdec.runtime import cut_at_stop
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import APIError
+from specdec.stops import TextStream
 
 
 @dataclass(frozen=True)
@@ -39,76 +39,6 @@ class DoneEvent:
 @dataclass(frozen=True)
 class ErrorEvent:
     error: APIError
-
-
-class TextStream:
-    """Incremental detokenization that never shows text it may have to take back.
-
-    Each update decodes a window, not the whole answer: the tokens since the previous window's
-    start. Starting one window back gives the tokenizer its context at the seam (a word-level or
-    SentencePiece decoder puts a space between two tokens, or drops one at the start of a decode),
-    and a token costs a few tokens' decoding: decoding the whole answer at every step cost 59 us a
-    token of a 256-token answer and 224 us at 1024 (SmolLM2's tokenizer, dev CPU), on the engine
-    thread, for every sequence in flight.
-
-    Held back: an incomplete UTF-8 character (decoded as U+FFFD: a character is at most 4 bytes, so
-    a tail of up to MAX_CHAR_TOKENS - 1 tokens waits) and any tail that could be the start of a
-    stop string. Everything shown concatenates to the final text.
-    """
-
-    MAX_CHAR_TOKENS = 4
-
-    def __init__(self, decode: Callable[[list[int]], str], stop: tuple[str, ...]):
-        self.decode, self.stop, self.shown = decode, stop, ""
-        self._text = ""  # the text of token_ids[:self._read]
-        self._start = 0  # the latest window's first token
-        self._read = 0  # tokens whose text is in _text
-
-    def update(self, token_ids: list[int], final: bool) -> str:
-        self._read_new(token_ids, final)
-        text = cut_at_stop(self._text, self.stop) if self.stop else self._text
-        if not final:
-            text = text[: len(text) - _stop_prefix_len(text, self.stop)]
-        if len(text) <= len(self.shown):
-            return ""
-        delta, self.shown = text[len(self.shown):], text
-        return delta
-
-    def _read_new(self, token_ids: list[int], final: bool) -> None:
-        """Add the text of the tokens past _read, up to the last one that ends a character (all at the end)."""
-        if len(token_ids) == self._read:
-            return
-        seen = self.decode(token_ids[self._start:self._read])
-        whole = self.decode(token_ids[self._start:])
-        end, window = len(token_ids), whole
-        if not final:  # back off past a character the newest tokens have not finished
-            floor = max(self._read, end - (self.MAX_CHAR_TOKENS - 1))
-            while window.endswith("\ufffd") and end > floor:
-                end -= 1
-                window = self.decode(token_ids[self._start:end])
-            if window.endswith("\ufffd"):  # no character ends in reach: bytes that are none
-                end, window = len(token_ids), whole
-        if end == self._read:
-            return
-        if not window.startswith(seen):  # a decoder that rewrites text across the seam: read it whole
-            self._text, self._start, self._read = self.decode(token_ids[:end]), self._read, end
-            return
-        new = window[len(seen):]
-        self._text += new
-        if new:  # the next window starts at a token with text (the context its seam needs)
-            self._start = self._read
-        self._read = end
-
-
-def _stop_prefix_len(text: str, stop: tuple[str, ...]) -> int:
-    """Length of the longest tail of text that is a proper prefix of a stop string."""
-    best = 0
-    for s in stop:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
 
 
 def token_record(token: EmittedToken) -> dict:
