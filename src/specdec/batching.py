@@ -29,6 +29,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from specdec.batch_rule import StepRule, queue_rule, with_logprobs
+from specdec.constraints.rounds import fit_drafts, grammar_drafts, start_constraint
+from specdec.constraints.sequence import SequenceConstraint
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
 from specdec.guard import HeldLoad, ThroughputGuard, at_bucket
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
@@ -145,6 +147,7 @@ class _Sequence:
     running: bool = False  # holds a slot (admitted, not yet left)
     drafted_upto: int = -1  # auto mode: the text's length when its drafter last proposed (-1: never yet)
     evidence: SequenceEvidence = field(default_factory=SequenceEvidence)  # auto mode: its judged drafts, fading
+    constraint: SequenceConstraint | None = None  # structured output: its grammar's matcher (constraints/)
 
     @property
     def prefilling(self) -> bool:
@@ -157,8 +160,9 @@ class _Sequence:
 
     @property
     def settles_plainly(self) -> bool:
-        """A plain step of it needs nothing read back but the token (no features, no logprobs)."""
-        return self.layers is None and self.config.logprobs is None
+        """A plain step of it needs nothing read back but the token (no features, no logprobs, no
+        grammar: its next mask needs the token)."""
+        return self.layers is None and self.config.logprobs is None and self.constraint is None
 
     @property
     def auto_may_draft(self) -> bool:
@@ -186,11 +190,13 @@ class _Sequence:
 
 @dataclass(frozen=True)
 class _Unit:
-    """A sequence's share of a step: tokens [n] for its slot; draft None for a prefill chunk."""
+    """A sequence's share of a step: tokens [n] for its slot; draft None for a prefill chunk; mask:
+    a constrained verify's allowed tokens, bool [n, V] (constraints/), else None."""
 
     seq: _Sequence
     tokens: torch.Tensor
     draft: Draft | None
+    mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -227,8 +233,11 @@ class BatchedEngine:
     """
 
     def __init__(self, target: SlotModel, drafter_factory: DrafterFactory, eos_token_ids=(), decode=None,
-                 config: BatchConfig = BatchConfig()):
+                 config: BatchConfig = BatchConfig(), grammars=None):
+        """grammars: a constraints.grammar.GrammarCompiler for the target's tokenizer, needed to serve
+        GenerationConfig.constraint (None: constrained requests are refused)."""
         self.target = target
+        self.grammars = grammars
         self.drafter_factory = drafter_factory
         self.eos_token_ids = frozenset(eos_token_ids)
         self.decode = decode
@@ -295,7 +304,9 @@ class BatchedEngine:
             raise ValueError("this drafter already drafts for another sequence: give each sequence its own")
         handle = SequenceHandle(self, next(self._ids), listener)
         generator = config.sampling.make_generator(self.target.device)
-        self._waiting.append(_Sequence(handle, list(prompt), config, drafter, generator, context=list(prompt)))
+        constraint = start_constraint(self.grammars, config, self.target.vocab_size, self.target.device)
+        self._waiting.append(_Sequence(handle, list(prompt), config, drafter, generator, context=list(prompt),
+                                       constraint=constraint))
         return handle
 
     def generate(self, prompts: Sequence[list[int]], config: GenerationConfig) -> list[SequenceResult]:
@@ -392,7 +403,7 @@ class BatchedEngine:
                                          logits=[u.draft is not None for u in units],
                                          features=[u.seq.layers for u in units])
         rule = queue_rule([u.draft for u in units], [u.seq.config.sampling for u in units],
-                          [u.seq.generator for u in units], out)
+                          [u.seq.generator for u in units], out, [u.mask for u in units])
         return _Flight(units, out, rule)
 
     def _still_ahead(self) -> _Flight | None:
@@ -462,23 +473,26 @@ class BatchedEngine:
         """Every running sequence's unit, in batch order: prefill chunks, and verifies after drafting."""
         decoding = [s for s in self._running if not s.prefilling]
         ks = self._decide(decoding)
+        constraints = [s.constraint for s in decoding]  # the grammar's drafts go first, free (constraints/)
+        forced, ks = grammar_drafts(constraints, ks, [s.next_k() for s in decoding])
         timed = any(ks) and self.config.speculation.mode == "auto"
         if timed:
             self._draft_span.start()
-        drafts = propose_all([s.drafter for s in decoding], [s.context for s in decoding], ks,
+        drafts = propose_all([s.drafter for s in decoding], [s.context + f for s, f in zip(decoding, forced)], ks,
                              [s.config.sampling for s in decoding], [s.generator for s in decoding])
         if timed:
             self._draft_span.stop()
         self._caught_up_on = self._note_drafts(decoding, ks) if timed else 0
-        draft_of = {id(s): d or empty_draft(self.target.device) for s, d in zip(decoding, drafts)}
+        drafts, masks = fit_drafts(constraints, drafts, [s.generator for s in decoding])
+        draft_of = {id(s): (d or empty_draft(self.target.device), m) for s, d, m in zip(decoding, drafts, masks)}
         units = []
         for seq in self._running:
             if seq.prefilling:
                 end = min(seq.prefilled + self.config.prefill_chunk, len(seq.prompt) - 1)
                 units.append(_Unit(seq, self._tensor(seq.prompt[seq.prefilled:end]), None))
             else:
-                draft = draft_of[id(seq)]
-                units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft))
+                draft, mask = draft_of[id(seq)]
+                units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft, mask))
         return units
 
     def _note_drafts(self, decoding: list[_Sequence], ks: list[int]) -> int:
@@ -651,18 +665,32 @@ class BatchedEngine:
         origins = [Origin.ACCEPTED] * verdict.num_accepted + [
             Origin.BONUS if verdict.all_accepted else Origin.RECOVERED]
         stats, emitted, reason = seq.handle.stats, [], None
-        for token, origin in zip(kept + [verdict.next_token], origins):
+        tokens = kept + [verdict.next_token]
+        if seq.constraint is not None:  # its matcher rolls back with the slot; the round ends with its grammar
+            tokens = self._settle_constraint(seq, verdict, tokens)
+        for token, origin in zip(tokens, origins):
             seq.context.append(token)
             emitted.append(EmittedToken(token, origin, stats.rounds))
             reason = self._finish_reason(seq)
             if reason:
                 break
+        if reason is None and seq.constraint is not None and seq.constraint.stopped:
+            reason = "stop"
         stats.record_round(verdict, len(emitted))
         if verdict.num_drafted:
             self._acceptance.add(seq.drafter.name, verdict.num_accepted, verdict.num_judged)
             seq.evidence.add(verdict.num_accepted, verdict.num_judged)
         seq.text_checked = len(seq.context) - len(seq.prompt)
         return emitted, reason
+
+    @staticmethod
+    def _settle_constraint(seq: _Sequence, verdict: Verdict, tokens: list[int]) -> list[int]:
+        """The constrained round's tokens to emit (SequenceConstraint.settle), its grammar counts recorded."""
+        constraint = seq.constraint
+        tokens = constraint.settle(verdict.num_drafted, verdict.num_accepted, tokens)
+        seq.handle.stats.record_grammar(constraint.forced_in_round, min(constraint.forced_in_round, verdict.num_accepted),
+                                        sum(constraint.single_rows[:len(tokens)]))
+        return tokens
 
     def _rollback(self, seq: _Sequence, valid: int) -> None:
         """The slot and the drafter keep the first `valid` tokens of the text, forget the rest."""
