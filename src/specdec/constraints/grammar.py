@@ -40,7 +40,11 @@ class GrammarCompiler:
             if self._ll_tokenizer is None:
                 import llguidance.hf
 
-                self._ll_tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size)
+                try:
+                    self._ll_tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size)
+                except ValueError as exc:
+                    raise InvalidRequestError(f"structured output is not available for this model: llguidance "
+                                              f"cannot read its tokenizer ({exc})") from None
             return self._ll_tokenizer
 
     def compile(self, spec: ConstraintSpec) -> str:

@@ -72,6 +72,7 @@ class SamplingFields(BaseModel):
     k: int | None = Field(default=None, ge=1, le=MAX_K, description="extension: draft tokens per round")
     draft: str | None = Field(default=None, description="extension: which drafter (see /v1/models)")
 
+    # Structured output (response_format, structured_outputs, guided_*): read by server/structured.py.
     # Fields that change sampling, declared so that they are seen (not dropped as unknown): refused_field()
     presence_penalty: Any = None
     frequency_penalty: Any = None
@@ -117,10 +118,9 @@ class SamplingFields(BaseModel):
 # The values of each refused field that change nothing (None, or leaving it out, always does).
 REFUSED: dict[str, tuple] = {
     "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-    "logit_bias": ({},), "response_format": ({"type": "text"},), "min_tokens": (0,), "use_beam_search": (False,),
+    "logit_bias": ({},), "min_tokens": (0,), "use_beam_search": (False,),
     "length_penalty": (1, 1.0), "stop_token_ids": ([],), "bad_words": ([],), "allowed_token_ids": (),
-    "prompt_logprobs": (), "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
-    "structured_outputs": (), "logits_processors": (), "best_of": (1,), "echo": (False,), "suffix": ("",),
+    "prompt_logprobs": (), "logits_processors": (), "best_of": (1,), "echo": (False,), "suffix": ("",),
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
 }
 
