@@ -7,7 +7,9 @@ For each library and each of the workload's schemas (src/specdec/data/structured
 compile once (timed), then walk the tokens of a valid document, timing the mask at every step (the
 mask as a bitmask on the host, what the engine computes per verified position). Rollback: at every
 step, advance N = 1..4 tokens along the document, roll back N, and compare the mask bit for bit with
-the mask before; a library is exact where every comparison matches.
+the mask before; a library is exact where every comparison matches. Validity: whether the JSON schema
+grammar lets a raw control character (U+0002, one token of this vocabulary) into a string, which
+JSON forbids (json.loads refuses such a document).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class LLGuidance:
         return grammar
 
     def matcher(self, compiled):
-        return self._lib.LLMatcher(self.tok, compiled)
+        return self._lib.LLMatcher(self.tok, compiled, log_level=0)
 
     def mask(self, m) -> torch.Tensor:
         self._torch.fill_next_token_bitmask(m, self.bitmask, 0)
@@ -116,6 +118,19 @@ def measure(lib, schema: dict, document: dict, tokenizer, repeats: int) -> dict:
             "rollback_mismatches": mismatches, "matcher": type(matcher).__name__}
 
 
+def accepts_control_character(lib, tokenizer) -> bool:
+    """Whether the library's grammar for {"s": string} or {"s": string of at most 4 characters} takes
+    a raw U+0002 inside the string."""
+    admits = False
+    for string in ({"type": "string"}, {"type": "string", "maxLength": 4}):
+        schema = {"type": "object", "properties": {"s": string}, "required": ["s"], "additionalProperties": False}
+        m = lib.matcher(lib.compile(schema))
+        if not all(lib.accept(m, t) for t in tokenizer.encode('{"s":"', add_special_tokens=False)):
+            raise RuntimeError(f"{lib.name} refused the opening of a valid document")
+        admits |= all(lib.accept(m, t) for t in tokenizer.encode("\x02", add_special_tokens=False))
+    return admits
+
+
 def workload() -> list[tuple[dict, dict]]:
     """(schema, a valid document) pairs: the structured workload's when present, else the built-in one."""
     try:
@@ -148,7 +163,8 @@ def main() -> None:
                "mask_us_max": max(r["mask_us_max"] for r in results),
                "compile_s_median": statistics.median(r["compile_s"] for r in results),
                "rollback_checks": sum(r["rollback_checks"] for r in results),
-               "rollback_mismatches": sum(r["rollback_mismatches"] for r in results)}
+               "rollback_mismatches": sum(r["rollback_mismatches"] for r in results),
+               "string_admits_control_character": accepts_control_character(lib, tokenizer)}
         rows.append(row)
         print(json.dumps(row))
     if args.json:
