@@ -689,7 +689,7 @@ class BatchedEngine:
         constraint = seq.constraint
         tokens = constraint.settle(verdict.num_drafted, verdict.num_accepted, tokens)
         seq.handle.stats.record_grammar(constraint.forced_in_round, min(constraint.forced_in_round, verdict.num_accepted),
-                                        sum(constraint.single_rows[:len(tokens)]))
+                                        sum(constraint.single_rows[:len(tokens)]), constraint.take_seconds())
         return tokens
 
     def _rollback(self, seq: _Sequence, valid: int) -> None:

@@ -29,8 +29,11 @@ class GrammarCompiler:
     The llguidance tokenizer is built on the first compile (about 2 s for 49152 tokens), so a
     runtime that never constrains never pays for it. Thread-safe (a server compiles in its handlers)."""
 
-    def __init__(self, tokenizer, vocab_size: int | None = None):
+    def __init__(self, tokenizer, vocab_size: int | None = None, grammar_drafts: bool = True):
+        """grammar_drafts: whether sequences draft the tokens their grammar dictates (False: plain
+        constrained decoding, one token a step where nothing else drafts; a benchmark's baseline)."""
         self._hf_tokenizer = tokenizer
+        self.grammar_drafts = grammar_drafts
         self.vocab_size = vocab_size or len(tokenizer)
         self._ll_tokenizer = None
         self._cache: OrderedDict[ConstraintSpec, str] = OrderedDict()

@@ -18,6 +18,9 @@ constrained). A round:
 
 from __future__ import annotations
 
+import functools
+import time
+
 import torch
 
 from specdec.constraints import masking
@@ -29,12 +32,28 @@ class ConstraintBroken(SpecdecError):
     """The matcher refused a token the engine emitted: a bug (a mask not applied, a rollback missed)."""
 
 
+def _timed(method):
+    """Add the method's seconds to the constraint's `seconds` (the host's grammar work, reported as
+    SpecStats.constraint_time)."""
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+    return timed
+
+
 class SequenceConstraint:
     """A matcher (llguidance.LLMatcher, started on the sequence's grammar) and a round's state.
-    vocab: the width of the target's logits; device: the target's."""
+    vocab: the width of the target's logits; device: the target's. grammar_drafts: False drafts
+    nothing from the grammar (plain constrained decoding, a benchmark's baseline)."""
 
-    def __init__(self, matcher, vocab: int, device: torch.device):
+    def __init__(self, matcher, vocab: int, device: torch.device, grammar_drafts: bool = True):
         self._matcher = matcher
+        self.grammar_drafts = grammar_drafts
+        self.seconds = 0.0  # host seconds of grammar work so far
         self.vocab = vocab
         self.device = device
         self._width = (vocab + 31) // 32
@@ -48,10 +67,12 @@ class SequenceConstraint:
         """The grammar is complete and admits nothing more (but the end-of-sequence token)."""
         return self._matcher.is_stopped()
 
+    @_timed
     def grammar_draft(self, limit: int) -> list[int]:
         """Up to limit tokens the grammar alone dictates from here; the matcher advances along them."""
         self._rows, tokens = [], []
-        for token in self._matcher.compute_ff_tokens()[:limit]:
+        limit = limit if self.grammar_drafts else 0
+        for token in (self._matcher.compute_ff_tokens()[:limit] if limit else ()):
             self._row()
             self._consume(token)
             tokens.append(token)
@@ -65,6 +86,7 @@ class SequenceConstraint:
         self._grammar_tokens = tokens
         return tokens
 
+    @_timed
     def fit_draft(self, draft: Draft | None, generator: torch.Generator) -> tuple[Draft, torch.Tensor]:
         """The round's draft: grammar_draft's tokens, then the drafter's (draft: proposed after them,
         None for none) walked under the grammar. Returns (Draft [K] with q [K, V] or None, the masks
@@ -91,6 +113,7 @@ class SequenceConstraint:
         self.single_rows = [masking.only_token(row) is not None for row in self._rows]
         return self._draft(tokens, q_rows), masking.unpack_bitmask(bits, self.vocab, self.device)
 
+    @_timed
     def settle(self, num_drafted: int, num_accepted: int, tokens: list[int]) -> list[int]:
         """After the verify: keep num_accepted of the num_drafted drafts in the matcher, then consume
         the recovered or bonus token. tokens: the round's kept drafts and that token. Returns the
@@ -100,6 +123,11 @@ class SequenceConstraint:
             return tokens[:num_accepted]
         self._consume(tokens[-1])
         return tokens
+
+    def take_seconds(self) -> float:
+        """The grammar's host seconds since the last call."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
 
     def rollback(self, n: int) -> None:
         """Forget the newest n consumed tokens (as a cache rollback forgets rejected drafts)."""
