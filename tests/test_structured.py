@@ -5,6 +5,9 @@ A toy byte-level tokenizer of 17 tokens (tests/grammar_toy.py) and order-2 Marko
 generation cheap and every finite grammar's outputs enumerable.
 """
 
+import math
+import re
+
 import pytest
 import torch
 
@@ -182,3 +185,22 @@ def test_a_sampled_draft_row_follows_the_masked_q():
     assert counts[0] == counts[3] == 0
     exact = {(1,): 1 / 3, (2,): 2 / 3}
     assert goodness_of_fit({(1,): counts[1], (2,): counts[2]}, exact) > 1e-3
+
+
+def test_a_gbnf_grammar_is_read_as_lark_is(grammars):
+    engine = make_engine("model", grammars)
+    for text in ('root ::= "{" item ("," item)* "}"\nitem ::= "a" | "b"', 'start: "{" item ("," item)* "}"\nitem: "a" | "b"'):
+        gen = engine.generate([3], GenerationConfig(max_new_tokens=12, k=3, constraint=ConstraintSpec.grammar(text)))
+        out = toy_tokenizer().decode(gen.token_ids)
+        assert re.fullmatch(r"\{[ab](,[ab])*\}", out) or gen.finish_reason == "length", out
+
+
+def test_logprobs_under_a_constraint_are_of_the_masked_p(grammars):
+    """Every reported alternative is a token the grammar allowed, and the probabilities sum to 1 over them."""
+    engine = make_engine("none", grammars)
+    tokens = list(engine.stream([3, 4], GenerationConfig(max_new_tokens=3, k=2, logprobs=VOCAB, constraint=FINITE)))
+    assert tokens and all(t.top_logprobs for t in tokens)
+    first = tokens[0]
+    allowed = {3, 4, 13, 14}  # a, b, ab, ba: what [ab]{1,3} allows first
+    assert {i for i, _ in first.top_logprobs} <= allowed
+    assert sum(math.exp(lp) for _, lp in first.top_logprobs) == pytest.approx(1.0, abs=1e-5)

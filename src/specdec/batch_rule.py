@@ -79,8 +79,12 @@ def queue_rule(drafts: Sequence[Draft | None], params: Sequence[SamplingParams],
     return StepRule(tuple(verify), offsets, next_token, host)
 
 
-def with_logprobs(tokens: list[EmittedToken], logits: torch.Tensor, config: GenerationConfig) -> list[EmittedToken]:
+def with_logprobs(tokens: list[EmittedToken], logits: torch.Tensor, config: GenerationConfig,
+                  mask: torch.Tensor | None = None) -> list[EmittedToken]:
     """The round's emitted tokens with their log-probabilities under the target's p (sampling.token_logprobs):
-    logits [K + 1, V] the verify's rows; emitted token j came from row j."""
+    logits [K + 1, V] the verify's rows; emitted token j came from row j. mask: a constrained verify's
+    allowed tokens bool [K + 1, V] (p is then the masked distribution the rule used), else None."""
+    if mask is not None:
+        logits = mask_logits(logits, [0, logits.shape[0]], [mask])
     scores = token_logprobs(logits, config.sampling, [t.token_id for t in tokens], config.logprobs)
     return [dataclasses.replace(t, logprob=lp, top_logprobs=top) for t, (lp, top) in zip(tokens, scores)]

@@ -639,7 +639,7 @@ class BatchedEngine:
                 continue
             tokens, reason = self._apply(seq, *rounds[i], features, rolled_ahead=id(seq) in ahead)
             if seq.config.logprobs is not None:  # only then: a read and a softmax more
-                tokens = with_logprobs(tokens, flight.out.logits_of(i), seq.config)
+                tokens = with_logprobs(tokens, flight.out.logits_of(i), seq.config, unit.mask)
             results.append((unit, tokens, reason))
         return results
 

@@ -94,7 +94,12 @@ def _grammar_of(spec: ConstraintSpec) -> str:
             raise InvalidRequestError(f"the JSON schema cannot be used: {exc}") from None
     if spec.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec.text)
-    return llguidance.LLMatcher.grammar_from_lark(spec.text)
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:  # GBNF (`root ::= ...`, as llama.cpp and vLLM's xgrammar backend take) or Lark (`start: ...`)
+        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(spec.text))
+    except Exception as exc:  # the converter raises plain errors on text it cannot parse
+        raise InvalidRequestError(f"the grammar cannot be used: {exc}") from None
 
 
 def _check_schema(schema: dict) -> None:
