@@ -40,6 +40,9 @@ def register(sub) -> None:
                    help="tasks to run, one schema after another (default: %(default)s, the workload has 32)")
     p.add_argument("--random-8b", action="store_true",
                    help="a random-weight Llama-3.1-8B target on CUDA (mask cost against an 8B step)")
+    p.add_argument("--tokenizer", metavar="DIR", default=None,
+                   help="with --random-8b: the tokenizer's folder (default: the embedded model's; "
+                        "benchmarks/structured_gpu_prepare.sh copies it for a machine without it)")
     p.set_defaults(func=run)
 
 
@@ -78,7 +81,7 @@ def _random_8b(args):
         from specdec.errors import UnsupportedHereError
 
         raise UnsupportedHereError("--random-8b needs a CUDA GPU")
-    tokenizer = AutoTokenizer.from_pretrained(str(default_model.prepared_dir()))
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or str(default_model.prepared_dir()))
     target = NativeLlama.random("llama-3.1-8b", max_length=1024)
     return target, tokenizer, {tokenizer.eos_token_id}, LookupDrafter(target.device), target.name
 
