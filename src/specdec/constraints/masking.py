@@ -9,22 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from specdec.sampling import sample
 
-_SHIFTS = torch.arange(32, dtype=torch.int32)
-
 
 def unpack_bitmask(bits: torch.Tensor, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """bits: int32 [n, W] on the host -> bool [n, vocab] on device. A row that allows nothing (it follows
-    the grammar's end, so nothing drawn from it is ever emitted) allows everything instead, so that the
-    rule's softmax stays defined."""
-    allowed = ((bits.unsqueeze(-1) >> _SHIFTS) & 1).bool().reshape(bits.shape[0], -1)  # [n, 32 W]
-    allowed = allowed[:, :vocab]
+    """bits: int32 [n, W] on the host -> bool [n, vocab] on device (columns past 32 W never allowed).
+    A row that allows nothing (it follows the grammar's end, so nothing drawn from it is ever emitted)
+    allows everything instead, so that the rule's softmax stays defined."""
+    unpacked = np.unpackbits(bits.numpy().view(np.uint8), axis=1, bitorder="little")  # [n, 32 W], 0/1
+    allowed = torch.from_numpy(unpacked).view(torch.bool)[:, :vocab]  # the same bytes, read as bool
     if allowed.shape[1] < vocab:
         allowed = torch.cat([allowed, allowed.new_zeros(allowed.shape[0], vocab - allowed.shape[1])], dim=1)
-    allowed[~allowed.any(dim=1)] = True
+    empty = (bits == 0).all(dim=1)  # [n]
+    if bool(empty.any()):
+        allowed = allowed.clone()
+        allowed[empty] = True
     return allowed.to(device, non_blocking=True)
 
 
@@ -53,13 +55,15 @@ def mask_logits(logits: torch.Tensor, offsets: Sequence[int], masks: Sequence[to
     Returns logits itself when no sequence is constrained, else a new tensor."""
     if all(m is None for m in masks):
         return logits
-    out = logits.clone()
+    rows = []
     for lo, hi, mask in zip(offsets[:-1], offsets[1:], masks):
-        if mask is not None:
-            if mask.shape != (hi - lo, logits.shape[1]):
-                raise ValueError(f"a mask of {list(mask.shape)} for {hi - lo} rows of {logits.shape[1]} logits")
-            out[lo:hi].masked_fill_(~mask, float("-inf"))
-    return out
+        if mask is None:
+            mask = torch.ones(hi - lo, logits.shape[1], dtype=torch.bool, device=logits.device)
+        elif mask.shape != (hi - lo, logits.shape[1]):
+            raise ValueError(f"a mask of {list(mask.shape)} for {hi - lo} rows of {logits.shape[1]} logits")
+        rows.append(mask)
+    allowed = rows[0] if len(rows) == 1 else torch.cat(rows)  # [T, V]
+    return torch.where(allowed, logits, torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
 
 
 def masked_q(q: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor | None:

@@ -26,7 +26,8 @@ def start_constraint(grammars, config: GenerationConfig, vocab: int,
     if grammars is None:
         raise InvalidRequestError("this engine has no tokenizer for constraints: build it with "
                                   "grammars=GrammarCompiler(tokenizer) to serve JSON schemas, regexes and grammars")
-    return SequenceConstraint(grammars.matcher(config.constraint), vocab, device, grammars.grammar_drafts)
+    return SequenceConstraint(grammars.matcher(config.constraint), vocab, device, grammars.grammar_drafts,
+                              grammars.mask_width)
 
 
 def grammar_drafts(constraints: Sequence[SequenceConstraint | None], ks: Sequence[int],

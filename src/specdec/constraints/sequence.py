@@ -48,15 +48,17 @@ def _timed(method):
 class SequenceConstraint:
     """A matcher (llguidance.LLMatcher, started on the sequence's grammar) and a round's state.
     vocab: the width of the target's logits; device: the target's. grammar_drafts: False drafts
-    nothing from the grammar (plain constrained decoding, a benchmark's baseline)."""
+    nothing from the grammar (plain constrained decoding, a benchmark's baseline). mask_width: the
+    tokens the matcher's masks cover (the tokenizer's; None: vocab); those past it are never allowed."""
 
-    def __init__(self, matcher, vocab: int, device: torch.device, grammar_drafts: bool = True):
+    def __init__(self, matcher, vocab: int, device: torch.device, grammar_drafts: bool = True,
+                 mask_width: int | None = None):
         self._matcher = matcher
         self.grammar_drafts = grammar_drafts
         self.seconds = 0.0  # host seconds of grammar work so far
         self.vocab = vocab
         self.device = device
-        self._width = (vocab + 31) // 32
+        self._width = ((mask_width or vocab) + 31) // 32
         self._rows: list[torch.Tensor] = []  # this round's bitmask rows, int32 [W] each, one per drafted token so far
         self._grammar_tokens: list[int] = []
         self.forced_in_round = 0  # grammar drafts of the round in flight
