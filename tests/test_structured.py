@@ -145,6 +145,14 @@ def test_unpacked_bitmask_agrees_with_the_bit_reads():
         assert [masking.token_allowed(bits[r], t) for t in range(60)] == allowed[r].tolist()
 
 
+def test_the_device_unpacking_equals_the_host_one():
+    bits = torch.randint(-2**31, 2**31 - 1, (4, 3), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
+    bits[2] = 0  # a row after the end: everything allowed
+    for vocab in (70, 96, 130):
+        assert torch.equal(masking.unpack_on_device(bits, vocab), masking.unpack_bitmask(bits, vocab))
+    assert masking.unpack_bitmask(bits, 130)[:, 96:].sum() == 130 - 96  # past the bitmask only the empty row
+
+
 def test_only_token_finds_a_single_allowed_token():
     bits = torch.zeros(3, dtype=torch.int32)
     assert masking.only_token(bits) is None
