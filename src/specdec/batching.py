@@ -688,7 +688,7 @@ class BatchedEngine:
         """The constrained round's tokens to emit (SequenceConstraint.settle), its grammar counts recorded."""
         constraint = seq.constraint
         tokens = constraint.settle(verdict.num_drafted, verdict.num_accepted, tokens)
-        seq.handle.stats.record_grammar(constraint.forced_in_round, min(constraint.forced_in_round, verdict.num_accepted),
+        seq.handle.stats.record_grammar(*constraint.grammar_counts(verdict.num_accepted),
                                         sum(constraint.single_rows[:len(tokens)]), constraint.take_seconds())
         return tokens
 

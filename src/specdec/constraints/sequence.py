@@ -8,7 +8,10 @@ constrained). A round:
    cost; the matcher advances along them.
 2. fit_draft(draft, generator): the drafter's proposal after them, walked under the grammar
    (masks.settle_draft_row: a one-hot draft is cut where it leaves the grammar, a sampled one
-   follows the masked q). Returns the round's whole draft and the mask of every verified position,
+   follows the masked q), then again what the grammar dictates after it, up to the round's limit
+   (a closing quote and the next key after a drafted value). Each grammar draft is a function of
+   the draft before it, so its one-hot q is what it was drawn from, given that prefix (rule 1).
+   Returns the round's whole draft and the mask of every verified position,
    bool [K + 1, V]: row j from the matcher advanced along the first j drafts (row K: the bonus's).
    The matcher is left advanced along all K drafts, as the slot's cache holds them after the verify.
 3. settle(num_drafted, num_accepted, tokens): roll the matcher back to the kept drafts (as the cache
@@ -60,8 +63,9 @@ class SequenceConstraint:
         self.device = device
         self._width = ((mask_width or vocab) + 31) // 32
         self._rows: list[torch.Tensor] = []  # this round's bitmask rows, int32 [W] each, one per drafted token so far
-        self._grammar_tokens: list[int] = []
-        self.forced_in_round = 0  # grammar drafts of the round in flight
+        self._head: list[int] = []  # the round's grammar drafts ahead of the drafter's
+        self._limit = 0  # the most drafts the round may verify
+        self.grammar_positions: list[int] = []  # the round's draft positions that the grammar drafted
         self.single_rows: list[bool] = []  # by verified position: the mask allowed one token only
 
     @property
@@ -71,10 +75,24 @@ class SequenceConstraint:
 
     @_timed
     def grammar_draft(self, limit: int) -> list[int]:
-        """Up to limit tokens the grammar alone dictates from here; the matcher advances along them."""
-        self._rows, tokens = [], []
-        limit = limit if self.grammar_drafts else 0
-        for token in (self._matcher.compute_ff_tokens()[:limit] if limit else ()):
+        """Up to limit tokens the grammar alone dictates from here (the round verifies at most limit
+        drafts); the matcher advances along them."""
+        self._rows, self._limit = [], limit
+        self._head = self._forced_run(limit)
+        self.grammar_positions = list(range(len(self._head)))
+        return self._head
+
+    def grammar_counts(self, num_accepted: int) -> tuple[int, int]:
+        """The round's grammar drafts, and how many of them the verdict kept."""
+        return len(self.grammar_positions), sum(j < num_accepted for j in self.grammar_positions)
+
+    def _forced_run(self, limit: int) -> list[int]:
+        """Up to limit tokens the grammar dictates from the matcher's state (none without grammar
+        drafts), consumed, with their rows."""
+        tokens = []
+        if limit <= 0 or not self.grammar_drafts or self.stopped:
+            return tokens
+        for token in self._matcher.compute_ff_tokens()[:limit]:
             self._row()
             self._consume(token)
             tokens.append(token)
@@ -85,7 +103,6 @@ class SequenceConstraint:
                 break
             self._consume(token)
             tokens.append(token)
-        self._grammar_tokens = tokens
         return tokens
 
     @_timed
@@ -93,7 +110,7 @@ class SequenceConstraint:
         """The round's draft: grammar_draft's tokens, then the drafter's (draft: proposed after them,
         None for none) walked under the grammar. Returns (Draft [K] with q [K, V] or None, the masks
         bool [K + 1, V] on the device)."""
-        tokens, q_rows = list(self._grammar_tokens), []
+        tokens, q_rows = list(self._head), [None] * len(self._head)
         proposed = [] if draft is None or self.stopped else draft.tokens.tolist()
         for i, token in enumerate(proposed):
             bits = self._row()
@@ -109,9 +126,12 @@ class SequenceConstraint:
             q_rows.append(q)
             if not go_on or self.stopped:
                 break
+        tail = self._forced_run(self._limit - len(tokens))
+        self.grammar_positions += range(len(tokens), len(tokens) + len(tail))
+        tokens += tail
+        q_rows += [None] * len(tail)
         self._row()  # the bonus position's
         bits = torch.stack(self._rows)  # [K + 1, W]
-        self.forced_in_round = len(self._grammar_tokens)
         self.single_rows = [masking.only_token(row) is not None for row in self._rows]
         return self._draft(tokens, q_rows), masking.unpack_bitmask(bits, self.vocab, self.device)
 
@@ -150,11 +170,11 @@ class SequenceConstraint:
         if not self._matcher.consume_token(token):
             raise ConstraintBroken(f"the grammar refused token {token}: {self._matcher.get_error()}")
 
-    def _draft(self, tokens: list[int], q_rows: list[torch.Tensor]) -> Draft:
-        """Draft [K]: q None when every token was chosen deterministically, else [K, V] (grammar
-        drafts one-hot, the drafter's masked q)."""
+    def _draft(self, tokens: list[int], q_rows: list[torch.Tensor | None]) -> Draft:
+        """Draft [K]: q None when every token was chosen deterministically (q_rows all None), else
+        [K, V]: a sampled token's masked q, one-hot rows for the others (grammar drafts)."""
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        if not any(q is not None for q in q_rows):
+        if all(q is None for q in q_rows):
             return Draft(ids)
-        head = masking.one_hot_rows(self._grammar_tokens, self.vocab, self.device)
-        return Draft(ids, torch.cat([head, torch.stack(q_rows)]))
+        one_hot = masking.one_hot_rows(tokens, self.vocab, self.device)  # [K, V]
+        return Draft(ids, torch.stack([one_hot[j] if q is None else q for j, q in enumerate(q_rows)]))
