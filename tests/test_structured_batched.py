@@ -54,6 +54,14 @@ def config(i: int, sampled: bool) -> GenerationConfig:
                             constraint=ConstraintSpec.json_schema(SCHEMAS[i % len(SCHEMAS)]))
 
 
+def plain_greedy(model, grammars, cfg: GenerationConfig, prompt: list[int]) -> list[int]:
+    """Plain constrained greedy decoding of the transformers model, the whole text afresh each step."""
+    def next_logits(ids):
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits[0, -1]
+    return plain_constrained_greedy(next_logits, grammars.matcher(cfg.constraint), prompt, MAX_NEW)
+
+
 def test_batched_outputs_validate_and_greedy_equals_plain(setup):
     tokenizer, model, grammars = setup
     engine = make_engine(model, tokenizer, grammars, slots=3)
@@ -68,11 +76,7 @@ def test_batched_outputs_validate_and_greedy_equals_plain(setup):
             jsonschema.validate(json.loads(tokenizer.decode(result.token_ids, skip_special_tokens=True)),
                                 cfg.constraint.schema)
         if cfg.sampling.greedy:
-            def next_logits(ids):
-                with torch.no_grad():
-                    return model(torch.tensor([ids])).logits[0, -1]
-            want = plain_constrained_greedy(next_logits, grammars.matcher(cfg.constraint), prompt, MAX_NEW)
-            assert list(result.token_ids) == want
+            assert list(result.token_ids) == plain_greedy(model, grammars, cfg, prompt)
     assert finished >= 4  # bounded schemas: a random model finishes most documents within MAX_NEW
 
 
@@ -86,3 +90,19 @@ def test_a_seeded_constrained_sequence_is_the_same_alone_and_in_company(setup):
     engine.run()
     assert mine.result().token_ids == alone.token_ids
     assert all(h.done for h in others)
+
+
+def test_under_the_auto_policy_greedy_still_equals_plain(setup):
+    """The server's default policy (K per sequence per step, 0 included) around the grammar's drafts."""
+    from specdec.speculation import SpeculationPolicy
+
+    tokenizer, model, grammars = setup
+    target = NativeSlots.from_hf(model, "tiny", max_slots=3, max_length=256)
+    engine = BatchedEngine(target, lambda: LookupDrafter(torch.device("cpu")), eos_token_ids=[tokenizer.eos_token_id],
+                           decode=tokenizer.decode, grammars=grammars,
+                           config=BatchConfig(prefill_chunk=8, speculation=SpeculationPolicy(mode="auto")))
+    jobs = [(p, config(i, sampled=False)) for i, p in enumerate(prompts(tokenizer))]
+    handles = [engine.submit(p, c) for p, c in jobs]
+    engine.run()
+    for (prompt, cfg), handle in zip(jobs, handles):
+        assert list(handle.result().token_ids) == plain_greedy(model, grammars, cfg, prompt)
