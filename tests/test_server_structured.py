@@ -89,3 +89,17 @@ def test_a_bad_constraint_is_a_400_naming_the_field(app, fields, param, words):
 
 def test_text_response_format_is_no_constraint(app):
     assert post(app, CHAT, response_format={"type": "text"}, max_tokens=3).status_code == 200
+
+
+def test_streamed_chat_under_a_schema_validates(app):
+    body = {"max_tokens": 30, "temperature": 0, "stream": True, "messages": [{"role": "user", "content": "ab"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}}
+    text = ""
+    with app.stream("POST", CHAT, json=body) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[6:])["choices"]:
+                    text += choice["delta"].get("content") or ""
+    jsonschema.validate(json.loads(text), SCHEMA)
+    assert text == text_of(post(app, CHAT, response_format=body["response_format"]))
