@@ -69,11 +69,16 @@ def test_greedy_identity_catches_a_matcher_not_rolled_back(grammars):
         assert not greedy_identical(make_engine("model", grammars), grammars)
 
 
-def sampled_outputs(engine: Engine, spec: ConstraintSpec, samples: int, k: int = 2, max_new: int = 4) -> dict:
+HOT = SamplingParams(temperature=1.0)
+WARPED = SamplingParams(temperature=0.8, top_k=3, top_p=0.9)
+
+
+def sampled_outputs(engine: Engine, spec: ConstraintSpec, samples: int, k: int = 2, max_new: int = 4,
+                    params: SamplingParams = HOT) -> dict:
     counts: dict[tuple, int] = {}
     for i in range(samples):
-        config = GenerationConfig(max_new_tokens=max_new, k=k, constraint=spec,
-                                  sampling=SamplingParams(temperature=1.0, seed=i))
+        config = GenerationConfig(max_new_tokens=max_new, k=k, constraint=spec, sampling=SamplingParams(
+            temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=i))
         out = tuple(engine.generate([3, 4], config).token_ids)
         counts[out] = counts.get(out, 0) + 1
     return counts
@@ -82,16 +87,18 @@ def sampled_outputs(engine: Engine, spec: ConstraintSpec, samples: int, k: int =
 FINITE = ConstraintSpec.regex("[ab]{1,3}")
 
 
-@pytest.mark.parametrize("kind", ["model", "lookup"])
-def test_sampled_outputs_follow_the_masked_target(kind, grammars):
+@pytest.mark.parametrize("kind, params", [("model", HOT), ("lookup", HOT), ("model", WARPED)],
+                         ids=["model-t1", "lookup-t1", "model-topk-topp"])
+def test_sampled_outputs_follow_the_masked_target(kind, params, grammars):
+    """Temperature, top-k and top-p act on the allowed tokens: the reference masks the logits, then warps."""
     engine = make_engine(kind, grammars, sharpness=1.0)
-    exact = exact_outputs(engine.target.next_logits, grammars.matcher(FINITE), [3, 4], 4, SamplingParams(temperature=1.0))
-    assert goodness_of_fit(sampled_outputs(engine, FINITE, 2500), exact) > 1e-3
+    exact = exact_outputs(engine.target.next_logits, grammars.matcher(FINITE), [3, 4], 4, params)
+    assert goodness_of_fit(sampled_outputs(engine, FINITE, 2500, params=params), exact) > 1e-3
 
 
 def test_chi_square_catches_q_left_unmasked(grammars):
     engine = make_engine("model", grammars, sharpness=1.0)
-    exact = exact_outputs(engine.target.next_logits, grammars.matcher(FINITE), [3, 4], 4, SamplingParams(temperature=1.0))
+    exact = exact_outputs(engine.target.next_logits, grammars.matcher(FINITE), [3, 4], 4, HOT)
     with faults.inject("constraint-unmasked-q"):
         counts = sampled_outputs(engine, FINITE, 2500)
     assert goodness_of_fit(counts, exact) < 1e-4
