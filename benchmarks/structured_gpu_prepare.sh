@@ -15,6 +15,7 @@ cp "$dir"/tokenizer.json "$dir"/tokenizer_config.json "$dir"/chat_template.jinja
 for version in 3.10 3.11 3.12 3.13; do
     "$python" -m pip download -q --only-binary=:all: --python-version "$version" \
         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+        --platform manylinux_2_34_x86_64 \
         -d "$out/wheels" llguidance jsonschema
 done
 du -sh "$out"
