@@ -23,7 +23,7 @@ import argparse
 import json
 import time
 
-from specdec.commands import add_k_flag, positive_int
+from specdec.commands import positive_int
 
 MODES = ("plain", "spec", "plain constrained", "grammar drafts", "spec constrained")
 
@@ -31,11 +31,10 @@ MODES = ("plain", "spec", "plain constrained", "grammar drafts", "spec constrain
 def register(sub) -> None:
     p = sub.add_parser("structured", help="structured output: plain vs speculative, with and without the schema",
                        description="The extraction workload decoded plainly and speculatively, constrained and not.")
-    from specdec.bench.common import add_bench_flags
+    from specdec.bench.common import add_answer_flags, add_bench_flags
 
     add_bench_flags(p, draft_default="auto")
-    add_k_flag(p, default=4)
-    p.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens per answer (default: %(default)s)")
+    add_answer_flags(p, k=4, max_new_tokens=96)
     p.add_argument("--tasks", type=positive_int, default=8,
                    help="tasks to run, one schema after another (default: %(default)s, the workload has 32)")
     p.add_argument("--random-8b", action="store_true",
