@@ -77,9 +77,9 @@ def test_unknown_fields_are_ignored_and_neutral_sampling_fields_accepted(server)
 
 REFUSED = [  # (path, field, a value that would change sampling)
     (COMP, "presence_penalty", 0.5), (CHAT, "frequency_penalty", 1), (COMP, "logit_bias", {"5": 1}),
-    (CHAT, "response_format", {"type": "json_object"}), (COMP, "best_of", 2), (COMP, "echo", True),
+    (CHAT, "bad_words", ["the"]), (COMP, "best_of", 2), (COMP, "echo", True),
     (COMP, "repetition_penalty", 1.2), (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
-    (COMP, "min_tokens", 4), (CHAT, "guided_choice", ["yes", "no"]), (COMP, "suffix", "end"),
+    (COMP, "min_tokens", 4), (CHAT, "stop_token_ids", [5]), (COMP, "suffix", "end"),
 ]
 
 

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from specdec.constraints.masking import mask_logits
 from specdec.drafters.base import Draft
 from specdec.generation import EmittedToken, GenerationConfig
 from specdec.models.slots import RaggedOutput
@@ -49,10 +50,13 @@ class StepRule:
 
 
 def queue_rule(drafts: Sequence[Draft | None], params: Sequence[SamplingParams],
-               generators: Sequence[torch.Generator], out: RaggedOutput) -> StepRule | None:
+               generators: Sequence[torch.Generator], out: RaggedOutput,
+               masks: Sequence[torch.Tensor | None] | None = None) -> StepRule | None:
     """The rule over every verify of a step in one call, each sequence with its own sampling and
     generator, and the copy of its outcome to the host started. drafts, params, generators: [B], one
-    per unit of the step (drafts[i] None: a prefill chunk, which nothing judges). None when no unit verifies."""
+    per unit of the step (drafts[i] None: a prefill chunk, which nothing judges). masks: [B] or None,
+    a constrained verify's allowed tokens bool [K_i + 1, V] (its logits masked before the warps, so p
+    is the masked, renormalised distribution: rule 8), else None. None when no unit verifies."""
     verify = [i for i, d in enumerate(drafts) if d is not None]
     if not verify:
         return None
@@ -67,15 +71,20 @@ def queue_rule(drafts: Sequence[Draft | None], params: Sequence[SamplingParams],
     # The rule reads only the argmax of a greedy sequence's rows: an all-greedy step skips building
     # one-hot rows (at a 128k vocabulary, 64 sequences x 5 rows would be 160 MB of them).
     greedy = all(sp.greedy for sp in sampling)
-    p = out.logits if greedy else warp_ragged(out.logits, offsets, sampling)  # [sum(K_i + 1), V]
+    logits = out.logits if masks is None else mask_logits(out.logits, offsets, [masks[i] for i in verify])
+    p = logits if greedy else warp_ragged(logits, offsets, sampling)  # [sum(K_i + 1), V]
     num_accepted, next_token = ragged_outcome(p, offsets, draft_tokens, q, q_offsets, sampling,
                                               [generators[i] for i in verify])
     host = HostRead(ragged_round_values(num_accepted, next_token, draft_tokens))
     return StepRule(tuple(verify), offsets, next_token, host)
 
 
-def with_logprobs(tokens: list[EmittedToken], logits: torch.Tensor, config: GenerationConfig) -> list[EmittedToken]:
+def with_logprobs(tokens: list[EmittedToken], logits: torch.Tensor, config: GenerationConfig,
+                  mask: torch.Tensor | None = None) -> list[EmittedToken]:
     """The round's emitted tokens with their log-probabilities under the target's p (sampling.token_logprobs):
-    logits [K + 1, V] the verify's rows; emitted token j came from row j."""
+    logits [K + 1, V] the verify's rows; emitted token j came from row j. mask: a constrained verify's
+    allowed tokens bool [K + 1, V] (p is then the masked distribution the rule used), else None."""
+    if mask is not None:
+        logits = mask_logits(logits, [0, logits.shape[0]], [mask])
     scores = token_logprobs(logits, config.sampling, [t.token_id for t in tokens], config.logprobs)
     return [dataclasses.replace(t, logprob=lp, top_logprobs=top) for t, (lp, top) in zip(tokens, scores)]

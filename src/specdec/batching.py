@@ -29,6 +29,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from specdec.batch_rule import StepRule, queue_rule, with_logprobs
+from specdec.constraints.rounds import fit_drafts, grammar_drafts, start_constraint
+from specdec.constraints.sequence import SequenceConstraint
 from specdec.controller import Hook, Plan, RequestK, SequenceView, Speculation, StepRecord, StepTrace
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
@@ -142,6 +144,7 @@ class _Sequence:
     pending: torch.Tensor | None = None  # [1] the newest token, fed first by the next verify
     stop_text: TextStream | None = None  # the answer's text, for its stop strings (made at the first check)
     running: bool = False  # holds a slot (admitted, not yet left)
+    constraint: SequenceConstraint | None = None  # structured output: its grammar's matcher (constraints/)
 
     @property
     def prefilling(self) -> bool:
@@ -154,8 +157,9 @@ class _Sequence:
 
     @property
     def settles_plainly(self) -> bool:
-        """A plain step of it needs nothing read back but the token (no features, no logprobs)."""
-        return self.layers is None and self.config.logprobs is None
+        """A plain step of it needs nothing read back but the token (no features, no logprobs, no
+        grammar: its next mask needs the token)."""
+        return self.layers is None and self.config.logprobs is None and self.constraint is None
 
     @property
     def view(self) -> SequenceView:
@@ -177,11 +181,13 @@ class _Sequence:
 
 @dataclass(frozen=True)
 class _Unit:
-    """A sequence's share of a step: tokens [n] for its slot; draft None for a prefill chunk."""
+    """A sequence's share of a step: tokens [n] for its slot; draft None for a prefill chunk; mask:
+    a constrained verify's allowed tokens, bool [n, V] (constraints/), else None."""
 
     seq: _Sequence
     tokens: torch.Tensor
     draft: Draft | None
+    mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -219,13 +225,16 @@ class BatchedEngine:
     drafter_factory: () -> a fresh Drafter for each sequence submitted without its own.
     eos_token_ids: ids that end a sequence. decode: list[int] -> str, needed for stop strings.
     on_step: called with each step's StepTrace (what the speculation controller planned and why,
-    what happened) once the step has settled; last_step holds the latest.
+    what happened) once the step has settled; last_step holds the latest. grammars: a
+    constraints.grammar.GrammarCompiler for the target's tokenizer, needed to serve
+    GenerationConfig.constraint (None: constrained requests are refused).
     Not thread-safe: call submit() and step() from one thread (a server: its engine thread).
     """
 
     def __init__(self, target: SlotModel, drafter_factory: DrafterFactory, eos_token_ids=(), decode=None,
-                 config: BatchConfig = BatchConfig(), on_step: Hook | None = None):
+                 config: BatchConfig = BatchConfig(), on_step: Hook | None = None, grammars=None):
         self.target = target
+        self.grammars = grammars
         self.drafter_factory = drafter_factory
         self.eos_token_ids = frozenset(eos_token_ids)
         self.decode = decode
@@ -265,7 +274,9 @@ class BatchedEngine:
             raise ValueError("this drafter already drafts for another sequence: give each sequence its own")
         handle = SequenceHandle(self, next(self._ids), listener)
         generator = config.sampling.make_generator(self.target.device)
-        self._waiting.append(_Sequence(handle, list(prompt), config, drafter, generator, context=list(prompt)))
+        constraint = start_constraint(self.grammars, config, self.target.vocab_size, self.target.device)
+        self._waiting.append(_Sequence(handle, list(prompt), config, drafter, generator, context=list(prompt),
+                                       constraint=constraint))
         return handle
 
     def generate(self, prompts: Sequence[list[int]], config: GenerationConfig) -> list[SequenceResult]:
@@ -328,7 +339,7 @@ class BatchedEngine:
                                          logits=[u.draft is not None for u in units],
                                          features=[u.seq.layers for u in units])
         rule = queue_rule([u.draft for u in units], [u.seq.config.sampling for u in units],
-                          [u.seq.generator for u in units], out)
+                          [u.seq.generator for u in units], out, [u.mask for u in units])
         return _Flight(units, out, rule, plan, views, load)
 
     def _still_ahead(self) -> _Flight | None:
@@ -401,18 +412,22 @@ class BatchedEngine:
         decoding = [s for s in self._running if not s.prefilling]
         views, load = tuple(s.view for s in decoding), self._load
         plan = self.controller.plan(views, load)
-        drafts = propose_all([s.drafter for s in decoding], [s.context for s in decoding], list(plan.budgets),
+        constraints = [s.constraint for s in decoding]  # the grammar's drafts go first, free (constraints/)
+        forced, ks = grammar_drafts(constraints, plan.budgets, [max(0, min(s.config.k, s.remaining - 1))
+                                                                 for s in decoding])
+        drafts = propose_all([s.drafter for s in decoding], [s.context + f for s, f in zip(decoding, forced)], ks,
                              [s.config.sampling for s in decoding], [s.generator for s in decoding])
         drafted_at = time.perf_counter()
-        draft_of = {id(s): d or empty_draft(self.target.device) for s, d in zip(decoding, drafts)}
+        drafts, masks = fit_drafts(constraints, drafts, [s.generator for s in decoding])
+        draft_of = {id(s): (d or empty_draft(self.target.device), m) for s, d, m in zip(decoding, drafts, masks)}
         units = []
         for seq in self._running:
             if seq.prefilling:
                 end = min(seq.prefilled + self.config.prefill_chunk, len(seq.prompt) - 1)
                 units.append(_Unit(seq, self._tensor(seq.prompt[seq.prefilled:end]), None))
             else:
-                draft = draft_of[id(seq)]
-                units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft))
+                draft, mask = draft_of[id(seq)]
+                units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft, mask))
         return self._launch(units, plan, views, load), drafted_at
 
     def _next_step_is_plain(self) -> bool:
@@ -441,7 +456,7 @@ class BatchedEngine:
                 continue
             tokens, reason = self._apply(seq, *rounds[i], features, rolled_ahead=id(seq) in ahead)
             if seq.config.logprobs is not None:  # only then: a read and a softmax more
-                tokens = with_logprobs(tokens, flight.out.logits_of(i), seq.config)
+                tokens = with_logprobs(tokens, flight.out.logits_of(i), seq.config, unit.mask)
             results.append((unit, tokens, reason))
         return results
 
@@ -467,14 +482,28 @@ class BatchedEngine:
         origins = [Origin.ACCEPTED] * verdict.num_accepted + [
             Origin.BONUS if verdict.all_accepted else Origin.RECOVERED]
         stats, emitted, reason = seq.handle.stats, [], None
-        for token, origin in zip(kept + [verdict.next_token], origins):
+        tokens = kept + [verdict.next_token]
+        if seq.constraint is not None:  # its matcher rolls back with the slot; the round ends with its grammar
+            tokens = self._settle_constraint(seq, verdict, tokens)
+        for token, origin in zip(tokens, origins):
             seq.context.append(token)
             emitted.append(EmittedToken(token, origin, stats.rounds))
             reason = self._finish_reason(seq)
             if reason:
                 break
+        if reason is None and seq.constraint is not None and seq.constraint.stopped:
+            reason = "stop"
         stats.record_round(verdict, len(emitted))
         return emitted, reason
+
+    @staticmethod
+    def _settle_constraint(seq: _Sequence, verdict: Verdict, tokens: list[int]) -> list[int]:
+        """The constrained round's tokens to emit (SequenceConstraint.settle), its grammar counts recorded."""
+        constraint = seq.constraint
+        tokens = constraint.settle(verdict.num_drafted, verdict.num_accepted, tokens)
+        seq.handle.stats.record_grammar(*constraint.grammar_counts(verdict.num_accepted),
+                                        sum(constraint.single_rows[:len(tokens)]), constraint.take_seconds())
+        return tokens
 
     def _rollback(self, seq: _Sequence, valid: int) -> None:
         """The slot and the drafter keep the first `valid` tokens of the text, forget the rest."""

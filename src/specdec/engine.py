@@ -29,11 +29,12 @@ class Engine:
     """Speculative decoding of one sequence at a time with a target and any drafter."""
 
     def __init__(self, target: CausalLM, drafter: Drafter, eos_token_ids=(), decode=None,
-                 overlap: bool | None = None):
+                 overlap: bool | None = None, grammars=None):
         """eos_token_ids: ids that end generation. decode: list[int] -> str, needed for stop strings.
         overlap: with a drafter that drafts nothing, queue each plain step before reading the token of
         the one before (BatchConfig.pipeline; default: on CUDA, where the GPU then stays busy while
-        the host checks it)."""
+        the host checks it). grammars: a constraints.grammar.GrammarCompiler for the target's
+        tokenizer, to serve GenerationConfig.constraint (None: constrained requests are refused)."""
         if not target.verify_rows_match_steps:
             raise UnsupportedHereError(f"{target.name!r} cannot be a target: its single-token steps give other "
                                        "logits than its verify passes (e.g. the megakernel); use it as a draft only")
@@ -43,7 +44,8 @@ class Engine:
         self.decode = decode
         # The whole prompt in one chunk: at batch 1 no other sequence waits behind it.
         config = BatchConfig(prefill_chunk=target.max_length, pipeline=overlap)
-        self._batch = BatchedEngine(own_cache_slot(target), lambda: drafter, self.eos_token_ids, decode, config)
+        self._batch = BatchedEngine(own_cache_slot(target), lambda: drafter, self.eos_token_ids, decode, config,
+                                    grammars=grammars)
         self._current: SequenceHandle | None = None
 
     def generate(self, prompt: list[int], config: GenerationConfig) -> Generation:

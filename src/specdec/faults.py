@@ -7,6 +7,10 @@ exactness benchmark) can prove its checks would catch the bug. No user-facing op
 - skip-rollback:   never cut the caches back after a round, so rejected tokens stay in them.
 - softmax-as-q:    draft greedily (argmax) but hand the softmax over as q, as if it had been sampled.
 - skip-vocab-check: accept a draft whose tokenizer differs from the target's.
+- constraint-unmasked-q: under a grammar, mask p but not q: cut a sampled draft where it leaves the
+                   grammar and verify the rest against the draft's unmasked q.
+- skip-matcher-rollback: never roll a sequence's grammar matcher back after a round, so it keeps the
+                   rejected drafts.
 """
 
 from __future__ import annotations
@@ -33,11 +37,25 @@ def _skip_vocab_check():
     return mock.patch("specdec.models.loader.check_same_vocabulary", lambda target, draft: None)
 
 
+def _unmasked_q(token, token_ok, q, allowed, generator):
+    return (token, q, True) if token_ok else (None, None, False)
+
+
+def _constraint_unmasked_q():
+    return mock.patch("specdec.constraints.masking.settle_draft_row", _unmasked_q)
+
+
+def _skip_matcher_rollback():
+    return mock.patch("specdec.constraints.sequence.SequenceConstraint.rollback", lambda self, n: None)
+
+
 FAULTS = {
     "resample-from-p": _resample_from_p,
     "skip-rollback": _skip_rollback,
     "softmax-as-q": _softmax_as_q,
     "skip-vocab-check": _skip_vocab_check,
+    "constraint-unmasked-q": _constraint_unmasked_q,
+    "skip-matcher-rollback": _skip_matcher_rollback,
 }
 
 

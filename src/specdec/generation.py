@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Iterator
 
+from specdec.constraints.spec import ConstraintSpec
 from specdec.errors import InvalidRequestError
 from specdec.sampling import SamplingParams
 from specdec.verify import Verdict
@@ -44,6 +45,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; n >= 0: each token's log-probability and the n most likely
+    constraint: ConstraintSpec | None = None  # structured output: a JSON schema, regex or grammar (docs/structured.md)
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and self.logprobs < 0:
@@ -62,6 +64,10 @@ class SpecStats:
     drafted: int = 0
     accepted: int = 0
     judged: int = 0  # drafts the rule decided on (Verdict.num_judged)
+    grammar_drafted: int = 0  # constrained: drafts the grammar dictated (one-hot, no draft cost)
+    grammar_accepted: int = 0  # of those, kept
+    forced: int = 0  # constrained: emitted tokens whose mask allowed that token alone
+    constraint_time: float = 0.0  # constrained: host seconds of grammar work (masks, matcher walks)
     generated: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
@@ -106,6 +112,14 @@ class SpecStats:
         for i in range(verdict.num_drafted):
             self.drafted_per_position[i] += 1
             self.accepted_per_position[i] += int(i < verdict.num_accepted)
+
+    def record_grammar(self, drafted: int, accepted: int, forced: int, seconds: float) -> None:
+        """A constrained round: its grammar drafts, how many were kept, its emitted forced tokens, and
+        the grammar's host seconds since the last round."""
+        self.grammar_drafted += drafted
+        self.grammar_accepted += accepted
+        self.forced += forced
+        self.constraint_time += seconds
 
     def to_dict(self) -> dict:
         out = asdict(self)

@@ -68,7 +68,14 @@ def eos_ids(loaded: LoadedModel) -> set[int]:
 
 def engine_for(target: LoadedModel, drafter: Drafter) -> Engine:
     decode = lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    return Engine(target.model, drafter, eos_token_ids=eos_ids(target), decode=decode)
+    return Engine(target.model, drafter, eos_token_ids=eos_ids(target), decode=decode, grammars=grammars_for(target))
+
+
+def grammars_for(target: LoadedModel):
+    """The target's grammar compiler (constraints/): cheap until its first constrained request."""
+    from specdec.constraints.grammar import GrammarCompiler
+
+    return GrammarCompiler(target.tokenizer, target.model.vocab_size)
 
 
 def build_runtime(target: str = "default", draft: str = DEFAULT_DRAFT, device: str | None = None,
@@ -165,7 +172,7 @@ def build_batched_runtime(target: str = "default", draft: str = DEFAULT_DRAFT, d
     menu = DraftMenu(loaded, max_num_seqs, dtype=draft_dtype or dtype, max_length=slots.max_length)
     decode = lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     engine = BatchedEngine(slots, menu.factory(draft), eos_token_ids=eos_ids(loaded), decode=decode,
-                           config=BatchConfig(prefill_chunk=prefill_chunk))
+                           config=BatchConfig(prefill_chunk=prefill_chunk), grammars=grammars_for(loaded))
     runtime = BatchedRuntime(loaded, engine, menu, getattr(slots, "kv_cache_bytes", None))
     report(runtime.kv_cache_line())
     return runtime

@@ -17,6 +17,7 @@ BENCH_MODULES: list[str] = [
     "specdec.bench.specbench",
     "specdec.bench.serve",
     "specdec.bench.gpu",
+    "specdec.bench.structured",
 ]
 
 

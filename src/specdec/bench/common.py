@@ -29,6 +29,15 @@ def add_bench_flags(parser: argparse.ArgumentParser, draft_default: str | None =
     add_output_flags(parser)
 
 
+def add_answer_flags(parser: argparse.ArgumentParser, k: int, max_new_tokens: int) -> None:
+    """-k (drafts per round) and --max-new-tokens (tokens per answer), with these defaults."""
+    from specdec.commands import add_k_flag, positive_int
+
+    add_k_flag(parser, default=k)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=max_new_tokens,
+                        help="tokens per answer (default: %(default)s)")
+
+
 def setup(args: argparse.Namespace) -> None:
     from specdec.models.cpu_threads import use_threads
 

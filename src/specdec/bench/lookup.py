@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.commands import add_k_flag, positive_int
+from specdec.commands import positive_int
 
 CODE = '''def total_price(items, tax_rate):
     subtotal = 0
@@ -61,11 +61,10 @@ CATEGORIES: dict[str, list[str]] = {
 def register(sub) -> None:
     p = sub.add_parser("lookup", help="prompt lookup by category: open chat vs copying prompts",
                        description="Prompt lookup on open chat against prompts whose answer copies the input.")
-    from specdec.bench.common import add_bench_flags
+    from specdec.bench.common import add_answer_flags, add_bench_flags
 
     add_bench_flags(p, draft_default="lookup")
-    add_k_flag(p, default=5)
-    p.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens per answer (default: %(default)s)")
+    add_answer_flags(p, k=5, max_new_tokens=96)
     p.add_argument("--per-category", type=positive_int, default=2, help="prompts per category (default: all 2)")
     p.set_defaults(func=run)
 

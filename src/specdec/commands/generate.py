@@ -8,6 +8,7 @@ import signal
 import sys
 
 from specdec.commands import add_model_flags, add_sampling_flags, add_tensor_parallel_flag, positive_int, sampling_params
+from specdec.commands.structured import add_constraint_flags, constraint_spec, validity
 
 ORIGIN_STYLE = {"accepted": "green", "recovered": "yellow", "bonus": "cyan"}
 
@@ -23,6 +24,7 @@ def register(sub) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past the end-of-sequence token")
     p.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text as is")
+    add_constraint_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     p.add_argument("--compare", action="store_true",
                    help="also decode plainly (draft none) and print speedup and whether the tokens match")
@@ -36,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     require_prompt(prompt)  # before the model loads: a bad request should cost nothing
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling_params(args),
-                              stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+                              stop=tuple(args.stop), ignore_eos=args.ignore_eos, constraint=constraint_spec(args))
     runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype, backend=args.backend,
                             threads=args.threads, tensor_parallel=args.tensor_parallel_size)
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so that `finally` stops every rank
@@ -70,6 +72,9 @@ def _generate(args: argparse.Namespace, runtime, prompt: str, config) -> int:
         baseline = plain.engine.generate(prompt_ids, config)
 
     report = _report(args, runtime, text, generation, baseline)
+    if config.constraint is not None:
+        report["constraint"] = {"kind": config.constraint.kind,
+                                **(validity(config.constraint, text) if config.constraint.schema else {})}
     if args.json:
         print(json.dumps(report))
     else:
@@ -133,6 +138,12 @@ def _print_stats(console, report: dict) -> None:
     table.add_row("acceptance rate (alpha)", f"{s['acceptance_rate']:.3f}")
     table.add_row("tokens per round (tau)", f"{s['tokens_per_round']:.2f}")
     table.add_row("tokens/s (decode)", f"{s['tokens_per_second']:.1f}")
+    if "constraint" in report:
+        valid = report["constraint"].get("valid")
+        table.add_row("constraint", report["constraint"]["kind"] + ("" if valid is None else
+                                                                    " (valid)" if valid else " (INVALID)"))
+        table.add_row("grammar drafts / kept / forced", f"{s['grammar_drafted']} / {s['grammar_accepted']} / "
+                                                        f"{s['forced']}")
     table.add_row("time draft / verify / other", f"{s['draft_time']:.2f}s / {s['verify_time']:.2f}s / "
                                                   f"{s['other_time']:.2f}s  (prefill {s['prefill_time']:.2f}s)")
     cmp = report.get("compare")

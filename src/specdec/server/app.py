@@ -29,13 +29,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specdec.batching import BatchConfig, BatchedEngine
 from specdec.drafters.registry import DraftMenu
 from specdec.generation import GenerationConfig, SpecStats
-from specdec.runtime import Runtime, eos_ids, slot_target
+from specdec.runtime import Runtime, eos_ids, grammars_for, slot_target
 from specdec.sampling import SamplingParams
 from specdec.server import protocol as P
 from specdec.server.connection import BodyLimit
 from specdec.server.limits import Limits
 from specdec.server.metrics import ServerMetrics
 from specdec.server.prep import Preparer, PrepSettings
+from specdec.server.structured import constraint_of
 from specdec.server.worker import DoneEvent, EngineWorker, ErrorEvent, Job, TokenEvent
 from specdec.controller import RequestK, Speculation
 
@@ -75,7 +76,8 @@ class ServerState:
         for name, loaded in runtimes.items():
             self.drafters.adopt(name, loaded.drafter)  # forks share its weights: none is loaded twice
         self.engine = BatchedEngine(self.slots, self.drafters.factory(config.default_draft), eos_ids(runtime.target),
-                                    runtime.decode, BatchConfig(config.prefill_chunk, config.speculation))
+                                    runtime.decode, BatchConfig(config.prefill_chunk, config.speculation),
+                                    grammars=grammars_for(runtime.target))
         self.kv_cache_bytes = int(getattr(self.slots, "kv_cache_bytes", 0))
         self.metrics.set_capacity(self.slots.max_slots, self.kv_cache_bytes)
         self.worker = EngineWorker(self.engine, self.drafters, config.max_queue, self.metrics)
@@ -258,10 +260,12 @@ def _make_job(state: ServerState, request: P.SamplingFields, prompt_ids: list[in
         raise P.APIError(400, f"draft: {draft!r} is not loaded; choose one of {list(state.runtimes)}",
                          "draft", "invalid_value")
     max_tokens, param = _token_budget(state, request, len(prompt_ids), chat)
+    constraint = constraint_of(request, state.engine.grammars)
     try:
         configs = tuple(GenerationConfig(max_new_tokens=max_tokens, k=_request_k(state, request),
                                          sampling=_sampling(request, i), stop=request.stop_strings(),
-                                         ignore_eos=request.ignore_eos, logprobs=request.top_logprobs_count)
+                                         ignore_eos=request.ignore_eos, logprobs=request.top_logprobs_count,
+                                         constraint=constraint)
                         for i in range(request.n))
     except ValueError as exc:
         raise P.APIError(400, str(exc), None, "invalid_value") from None

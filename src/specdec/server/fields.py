@@ -26,12 +26,6 @@ SAMPLING: dict[str, tuple] = {
     "reasoning_effort": (), "verbosity": (), "web_search_options": (), "audio": (), "modalities": (["text"],),
 }
 
-# Structured output: refused today; the structured-output work turns these into honoured fields.
-STRUCTURED_OUTPUT: dict[str, tuple] = {
-    "response_format": ({"type": "text"},), "guided_json": (), "guided_regex": (), "guided_choice": (),
-    "guided_grammar": (), "structured_outputs": (),
-}
-
 CHAT_ONLY: dict[str, tuple] = {  # the chat template and tools
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "add_generation_prompt": (True,), "continue_final_message": (False,), "chat_template": (),
@@ -43,8 +37,8 @@ COMPLETIONS_ONLY: dict[str, tuple] = {
     "top_logprobs": (),  # completions take the alternatives' count in `logprobs`
 }
 
-REFUSED_CHAT = {**SAMPLING, **STRUCTURED_OUTPUT, **CHAT_ONLY}
-REFUSED_COMPLETIONS = {**SAMPLING, **STRUCTURED_OUTPUT, **COMPLETIONS_ONLY}
+REFUSED_CHAT = {**SAMPLING, **CHAT_ONLY}
+REFUSED_COMPLETIONS = {**SAMPLING, **COMPLETIONS_ONLY}
 
 # Taken and ignored: they cannot change the output.
 IGNORED = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -82,6 +82,14 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     k: int | None = Field(default=None, ge=1, le=MAX_K, description="extension: draft tokens per round")
     draft: str | None = Field(default=None, description="extension: which drafter (see /v1/models)")
+
+    # Structured output (response_format, structured_outputs, guided_*): read by server/structured.py.
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
     @property
     def top_logprobs_count(self) -> int | None:

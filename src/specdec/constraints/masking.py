@@ -1,0 +1,118 @@
+"""Pure tensor code for constraints: bitmasks to boolean masks, masked logits, masked q.
+
+A bitmask is llguidance's layout: int32 [n, W], W = ceil(V_tok / 32), bit b of word w allows token
+32 w + b. Rows of the target's logits [n, V] take it as a boolean mask [n, V] (tokens past the
+bitmask never allowed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from specdec.sampling import sample
+
+
+def unpack_bitmask(bits: torch.Tensor, vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """bits: int32 [n, W] on the host -> bool [n, vocab] on device (columns past 32 W never allowed).
+    A row that allows nothing (it follows the grammar's end, so nothing drawn from it is ever emitted)
+    allows everything instead, so that the rule's softmax stays defined. On a GPU the bits travel
+    (4 bytes a 32 tokens) and are unpacked there, without a wait; on the host numpy unpacks them."""
+    if torch.device(device).type != "cpu":
+        return unpack_on_device(bits.to(device, non_blocking=True), vocab)
+    unpacked = np.unpackbits(bits.numpy().view(np.uint8), axis=1, bitorder="little")  # [n, 32 W], 0/1
+    allowed = torch.from_numpy(unpacked).view(torch.bool)[:, :vocab]  # the same bytes, read as bool
+    if allowed.shape[1] < vocab:
+        allowed = torch.cat([allowed, allowed.new_zeros(allowed.shape[0], vocab - allowed.shape[1])], dim=1)
+    empty = (bits == 0).all(dim=1)  # [n]
+    if bool(empty.any()):
+        allowed = allowed.clone()
+        allowed[empty] = True
+    return allowed.to(device, non_blocking=True)
+
+
+def unpack_on_device(bits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """unpack_bitmask in tensor ops on bits' own device (no host read): int32 [n, W] -> bool [n, vocab]."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)
+    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).bool().reshape(bits.shape[0], -1)[:, :vocab]  # [n, <= vocab]
+    if allowed.shape[1] < vocab:
+        allowed = torch.cat([allowed, allowed.new_zeros(allowed.shape[0], vocab - allowed.shape[1])], dim=1)
+    return allowed | (bits == 0).all(dim=1, keepdim=True)
+
+
+def token_allowed(bits_row: torch.Tensor, token: int) -> bool:
+    """Whether a host bitmask row (int32 [W]) allows token."""
+    word = token >> 5
+    return word < bits_row.shape[0] and bool((int(bits_row[word]) >> (token & 31)) & 1)
+
+
+def only_token(bits_row: torch.Tensor) -> int | None:
+    """The one token a host bitmask row (int32 [W]) allows, or None when it allows none or several."""
+    nonzero = torch.nonzero(bits_row).flatten()
+    if nonzero.numel() != 1:
+        return None
+    word = int(bits_row[nonzero[0]]) & 0xFFFFFFFF
+    if word & (word - 1):
+        return None
+    return int(nonzero[0]) * 32 + word.bit_length() - 1
+
+
+def mask_logits(logits: torch.Tensor, offsets: Sequence[int], masks: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """The target's logits with each constrained sequence's disallowed tokens at -inf (rule 8), before
+    any warp (temperature, top-k, top-p, min-p then act on the allowed tokens: p masked and renormalised).
+    logits: [T, V]; offsets: [B + 1] host ints (sequence i owns rows offsets[i]:offsets[i + 1]);
+    masks: [B], each None (unconstrained) or bool [offsets[i + 1] - offsets[i], V] on logits' device.
+    Returns logits itself when no sequence is constrained, else a new tensor."""
+    if all(m is None for m in masks):
+        return logits
+    rows = []
+    for lo, hi, mask in zip(offsets[:-1], offsets[1:], masks):
+        if mask is None:
+            mask = torch.ones(hi - lo, logits.shape[1], dtype=torch.bool, device=logits.device)
+        elif mask.shape != (hi - lo, logits.shape[1]):
+            raise ValueError(f"a mask of {list(mask.shape)} for {hi - lo} rows of {logits.shape[1]} logits")
+        rows.append(mask)
+    allowed = rows[0] if len(rows) == 1 else torch.cat(rows)  # [T, V]
+    return torch.where(allowed, logits, torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+
+
+def masked_q(q: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor | None:
+    """The draft's q [V] restricted to the allowed tokens (bool [V]) and renormalised, or None where q
+    gives them no mass (then nothing can be drafted there)."""
+    kept = torch.where(allowed, q, torch.zeros_like(q))
+    mass = float(kept.sum())
+    return kept / mass if mass > 0 else None
+
+
+def settle_draft_row(token: int, token_ok: bool, q: torch.Tensor | None, allowed: torch.Tensor | None,
+                     generator: torch.Generator) -> tuple[int | None, torch.Tensor | None, bool]:
+    """One drafted token under the grammar: (the token to verify or None to cut the draft here, its q
+    row [V] or None for a one-hot draft, whether the draft may go on after it).
+
+    token_ok: the grammar allows token here. q: [V] what the drafter sampled it from (None: it chose
+    deterministically); allowed: bool [V] the grammar's mask here (None with q None).
+    - one-hot draft: kept if allowed, else the draft is cut (a deterministic choice made before the
+      verify: the position becomes the bonus, drawn from the masked p, as the rule would have drawn
+      from the residual max(0, p_m - onehot) = p_m).
+    - sampled draft: the token must follow the masked q_m = q restricted and renormalised (rule 8):
+      an allowed token sampled from q is a sample from q_m; a disallowed one is replaced by a draw
+      from q_m (together: exactly q_m), and the drafts after it, which followed the old token, are cut.
+    """
+    if q is None:
+        return (token, None, True) if token_ok else (None, None, False)
+    q_m = masked_q(q, allowed)
+    if q_m is None:
+        return None, None, False
+    if token_ok:
+        return token, q_m, True
+    return int(sample(q_m, generator)), q_m, False
+
+
+def one_hot_rows(tokens: list[int], vocab: int, device: torch.device | str) -> torch.Tensor:
+    """[n, vocab] fp32 one-hot rows on tokens (the q of drafts chosen deterministically)."""
+    rows = torch.zeros(len(tokens), vocab, device=device)
+    if tokens:
+        rows[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+    return rows

@@ -1,0 +1,180 @@
+"""One sequence's constraint through the rounds of the engine: grammar drafts, masks along the draft,
+rollback with the caches.
+
+Between rounds the matcher has consumed exactly the sequence's generated text (the prompt is not
+constrained). A round:
+1. grammar_draft(limit): the tokens the grammar dictates from here (llguidance's fast-forward
+   tokens, then any position whose mask allows one token only), drafted with one-hot q at no draft
+   cost; the matcher advances along them.
+2. fit_draft(draft, generator): the drafter's proposal after them, walked under the grammar
+   (masks.settle_draft_row: a one-hot draft is cut where it leaves the grammar, a sampled one
+   follows the masked q), then again what the grammar dictates after it, up to the round's limit
+   (a closing quote and the next key after a drafted value). Each grammar draft is a function of
+   the draft before it, so its one-hot q is what it was drawn from, given that prefix (rule 1).
+   Returns the round's whole draft and the mask of every verified position,
+   bool [K + 1, V]: row j from the matcher advanced along the first j drafts (row K: the bonus's).
+   The matcher is left advanced along all K drafts, as the slot's cache holds them after the verify.
+3. settle(num_drafted, num_accepted, tokens): roll the matcher back to the kept drafts (as the cache
+   is rolled back) and consume the recovered/bonus token; returns the round's tokens to emit, cut
+   after the token that ends the grammar.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from specdec.constraints import masking
+from specdec.drafters.base import Draft
+from specdec.errors import SpecdecError
+
+
+class ConstraintBroken(SpecdecError):
+    """The matcher refused a token the engine emitted: a bug (a mask not applied, a rollback missed)."""
+
+
+def _timed(method):
+    """Add the method's seconds to the constraint's `seconds` (the host's grammar work, reported as
+    SpecStats.constraint_time)."""
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+    return timed
+
+
+class SequenceConstraint:
+    """A matcher (llguidance.LLMatcher, started on the sequence's grammar) and a round's state.
+    vocab: the width of the target's logits; device: the target's. grammar_drafts: False drafts
+    nothing from the grammar (plain constrained decoding, a benchmark's baseline). mask_width: the
+    tokens the matcher's masks cover (the tokenizer's; None: vocab); those past it are never allowed."""
+
+    def __init__(self, matcher, vocab: int, device: torch.device, grammar_drafts: bool = True,
+                 mask_width: int | None = None):
+        self._matcher = matcher
+        self.grammar_drafts = grammar_drafts
+        self.seconds = 0.0  # host seconds of grammar work so far
+        self.vocab = vocab
+        self.device = device
+        self._width = ((mask_width or vocab) + 31) // 32
+        self._rows: list[torch.Tensor] = []  # this round's bitmask rows, int32 [W] each, one per drafted token so far
+        self._head: list[int] = []  # the round's grammar drafts ahead of the drafter's
+        self._limit = 0  # the most drafts the round may verify
+        self.grammar_positions: list[int] = []  # the round's draft positions that the grammar drafted
+        self.single_rows: list[bool] = []  # by verified position: the mask allowed one token only
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar is complete and admits nothing more (but the end-of-sequence token)."""
+        return self._matcher.is_stopped()
+
+    @_timed
+    def grammar_draft(self, limit: int) -> list[int]:
+        """Up to limit tokens the grammar alone dictates from here (the round verifies at most limit
+        drafts); the matcher advances along them."""
+        self._rows, self._limit = [], limit
+        self._head = self._forced_run(limit)
+        self.grammar_positions = list(range(len(self._head)))
+        return self._head
+
+    def grammar_counts(self, num_accepted: int) -> tuple[int, int]:
+        """The round's grammar drafts, and how many of them the verdict kept."""
+        return len(self.grammar_positions), sum(j < num_accepted for j in self.grammar_positions)
+
+    def _forced_run(self, limit: int) -> list[int]:
+        """Up to limit tokens the grammar dictates from the matcher's state (none without grammar
+        drafts), consumed, with their rows."""
+        tokens = []
+        if limit <= 0 or not self.grammar_drafts or self.stopped:
+            return tokens
+        for token in self._matcher.compute_ff_tokens()[:limit]:
+            self._row()
+            self._consume(token)
+            tokens.append(token)
+        while len(tokens) < limit and not self.stopped:
+            token = masking.only_token(self._row())
+            if token is None:
+                self._rows.pop()
+                break
+            self._consume(token)
+            tokens.append(token)
+        return tokens
+
+    @_timed
+    def fit_draft(self, draft: Draft | None, generator: torch.Generator) -> tuple[Draft, torch.Tensor]:
+        """The round's draft: grammar_draft's tokens, then the drafter's (draft: proposed after them,
+        None for none) walked under the grammar. Returns (Draft [K] with q [K, V] or None, the masks
+        bool [K + 1, V] on the device)."""
+        tokens, q_rows = list(self._head), [None] * len(self._head)
+        proposed = [] if draft is None or self.stopped else draft.tokens.tolist()
+        for i, token in enumerate(proposed):
+            bits = self._row()
+            q = None if draft.q is None else draft.q[i]
+            allowed = None if q is None else masking.unpack_bitmask(bits[None], self.vocab, q.device)[0]
+            token, q, go_on = masking.settle_draft_row(token, masking.token_allowed(bits, token), q, allowed,
+                                                       generator)
+            if token is None:
+                self._rows.pop()
+                break
+            self._consume(token)
+            tokens.append(token)
+            q_rows.append(q)
+            if not go_on or self.stopped:
+                break
+        tail = self._forced_run(self._limit - len(tokens))
+        self.grammar_positions += range(len(tokens), len(tokens) + len(tail))
+        tokens += tail
+        q_rows += [None] * len(tail)
+        self._row()  # the bonus position's
+        bits = torch.stack(self._rows)  # [K + 1, W]
+        self.single_rows = [masking.only_token(row) is not None for row in self._rows]
+        return self._draft(tokens, q_rows), masking.unpack_bitmask(bits, self.vocab, self.device)
+
+    @_timed
+    def settle(self, num_drafted: int, num_accepted: int, tokens: list[int]) -> list[int]:
+        """After the verify: keep num_accepted of the num_drafted drafts in the matcher, then consume
+        the recovered or bonus token. tokens: the round's kept drafts and that token. Returns the
+        tokens to emit: all, or those up to the one that completed the grammar."""
+        self.rollback(num_drafted - num_accepted)
+        if self.stopped:  # the last kept draft completed the grammar: the bonus token is not text
+            return tokens[:num_accepted]
+        self._consume(tokens[-1])
+        return tokens
+
+    def take_seconds(self) -> float:
+        """The grammar's host seconds since the last call."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    def rollback(self, n: int) -> None:
+        """Forget the newest n consumed tokens (as a cache rollback forgets rejected drafts)."""
+        if n and not self._matcher.rollback(n):
+            raise ConstraintBroken(f"the grammar matcher could not roll back {n} tokens: "
+                                   f"{self._matcher.get_error()}")
+
+    def _row(self) -> torch.Tensor:
+        """The mask at the matcher's state, int32 [W] on the host, appended to the round's rows."""
+        import llguidance.torch
+
+        bits = torch.empty(1, self._width, dtype=torch.int32)
+        llguidance.torch.fill_next_token_bitmask(self._matcher, bits, 0)
+        self._rows.append(bits[0])
+        return bits[0]
+
+    def _consume(self, token: int) -> None:
+        if not self._matcher.consume_token(token):
+            raise ConstraintBroken(f"the grammar refused token {token}: {self._matcher.get_error()}")
+
+    def _draft(self, tokens: list[int], q_rows: list[torch.Tensor | None]) -> Draft:
+        """Draft [K]: q None when every token was chosen deterministically (q_rows all None), else
+        [K, V]: a sampled token's masked q, one-hot rows for the others (grammar drafts)."""
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        if all(q is None for q in q_rows):
+            return Draft(ids)
+        one_hot = masking.one_hot_rows(tokens, self.vocab, self.device)  # [K, V]
+        return Draft(ids, torch.stack([one_hot[j] if q is None else q for j, q in enumerate(q_rows)]))
