@@ -23,7 +23,7 @@ import statistics
 
 import torch
 
-from specdec.batching import BatchConfig, BatchedEngine
+from specdec.engine.batched import BatchConfig, BatchedEngine
 from specdec.drafters.none import NoDrafter
 from specdec.engine import Engine, GenerationConfig
 from specdec.models.native_llama import NativeLlama

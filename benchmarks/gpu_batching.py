@@ -39,7 +39,7 @@ from itertools import accumulate
 
 import torch
 
-from specdec.batching import BatchConfig, BatchedEngine
+from specdec.engine.batched import BatchConfig, BatchedEngine
 from specdec.drafters import LookupDrafter, NoDrafter
 from specdec.engine import Engine, GenerationConfig
 from specdec.models.native_llama import NativeLlama

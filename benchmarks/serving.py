@@ -300,7 +300,7 @@ def gpu_mib_of(listing: str, pid: int) -> int | None:
 def guard_note(run: dict, level: int) -> str:
     """An auto server's bandit at this level's load bucket after the run, e.g. "; auto at 16: cap 0
     (leader 0; tok/s by cap 0: 3010, 2: 2890, 4: 2650)"; "" from other servers."""
-    from specdec.auto import bucket_of
+    from specdec.engine.auto import bucket_of
 
     buckets = (run.get("controller") or {}).get("buckets") or ()
     row = next((b for b in buckets if b["load"] == bucket_of(level)), None)

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from specdec.batching import BatchConfig, BatchedEngine
+from specdec.engine.batched import BatchConfig, BatchedEngine
 from specdec.drafters import LookupDrafter, ModelDrafter, NoDrafter
 from specdec.drafters.base import Drafter, propose_all
 from specdec.drafters.combined import LookupThenHead

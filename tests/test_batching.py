@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from specdec.batching import BatchConfig, BatchedEngine
+from specdec.engine.batched import BatchConfig, BatchedEngine
 from specdec.drafters import LookupDrafter, ModelDrafter, NoDrafter
 from specdec.drafters.head import DraftHead, HeadDrafter, config_for_target, target_parts
 from specdec.drafters.oracle import OracleDrafter
@@ -227,10 +227,10 @@ def test_a_step_of_prefill_chunks_only_waits_for_the_device_so_its_time_is_prefi
     """Such a step reads nothing back; without a wait its device time lands in the next step, the
     first decode, and batch-1 tokens/s read 3-5 % low on the H200 (226 against 234 for the same
     kernels). One wait per prefill-only step, none in a step that reads its verdicts anyway."""
-    import specdec.batching
+    import specdec.engine.batched
 
     waits = []
-    monkeypatch.setattr(specdec.batching, "_wait_for", lambda device: waits.append(len(handle.token_ids)))
+    monkeypatch.setattr(specdec.engine.batched, "_wait_for", lambda device: waits.append(len(handle.token_ids)))
     engine = batched(tiny_target, max_slots=2, chunk=4)
     handle = engine.submit(list(range(5, 15)), GenerationConfig(max_new_tokens=6, k=1))
     engine.run()

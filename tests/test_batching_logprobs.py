@@ -8,7 +8,7 @@ alternatives are p's most likely tokens in order; asking for logprobs changes no
 import pytest
 import torch
 
-from specdec.batching import BatchedEngine
+from specdec.engine.batched import BatchedEngine
 from specdec.drafters import LookupDrafter, ModelDrafter, NoDrafter
 from specdec.engine import Engine, GenerationConfig
 from specdec.models.slots import LoopSlots

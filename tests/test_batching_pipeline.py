@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec.batch_rule import StepRule
-from specdec.batching import BatchConfig, BatchedEngine
+from specdec.engine.batched import BatchConfig, BatchedEngine
 from specdec.drafters import LookupDrafter, NoDrafter
 from specdec.engine import GenerationConfig
 from specdec.models.native_slots import NativeSlots

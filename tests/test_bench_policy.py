@@ -3,7 +3,7 @@ the engine run it times emits what plain decoding emits."""
 
 from specdec.bench.policy import best_of_two, run_engine
 from specdec.models.slots import LoopSlots
-from specdec.controller import Auto, FixedK
+from specdec.engine.controller import Auto, FixedK
 
 
 def test_best_of_two_runs_in_order_then_reversed_and_keeps_the_faster():

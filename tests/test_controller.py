@@ -1,4 +1,4 @@
-"""The speculation controller boundary (specdec.controller) and auto's bandit (specdec.auto), and the
+"""The speculation controller boundary (specdec.engine.controller) and auto's bandit (specdec.engine.auto), and the
 batched engine under them: a controller changes how many drafts are verified, never the output."""
 
 import itertools
@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from specdec.auto import EXPLORE_COST, WINDOW, AutoController, bucket_of
-from specdec.batching import BatchConfig, BatchedEngine
-from specdec.controller import (Auto, FixedK, Plan, RequestK, SequenceView, StepRecord, StepTrace,
+from specdec.engine.auto import EXPLORE_COST, WINDOW, AutoController, bucket_of
+from specdec.engine.batched import BatchConfig, BatchedEngine
+from specdec.engine.controller import (Auto, FixedK, Plan, RequestK, SequenceView, StepRecord, StepTrace,
                                 speculation_from_flag)
 from specdec.drafters import ModelDrafter
 from specdec.engine import GenerationConfig, Origin

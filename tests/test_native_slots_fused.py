@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("specdec.models.triton_ops")
 
-from specdec.batching import BatchedEngine  # noqa: E402
+from specdec.engine.batched import BatchedEngine  # noqa: E402
 from specdec.drafters.lookup import LookupDrafter  # noqa: E402
 from specdec.engine import GenerationConfig  # noqa: E402
 from specdec.models import triton_attention  # noqa: E402

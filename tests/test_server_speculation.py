@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from specdec.controller import Auto, FixedK, RequestK
+from specdec.engine.controller import Auto, FixedK, RequestK
 
 from tests.server_tiny_model import build_tiny_models, shared_server, tiny_root
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specdec.batching import BatchConfig, BatchedEngine
+from specdec.engine.batched import BatchConfig, BatchedEngine
 from specdec.drafters import NoDrafter
 from specdec.engine import GenerationConfig
 from specdec.models.slots import LoopSlots

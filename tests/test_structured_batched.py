@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 import torch
 
-from specdec.batching import BatchConfig, BatchedEngine
+from specdec.engine.batched import BatchConfig, BatchedEngine
 from specdec.constraints import ConstraintSpec
 from specdec.constraints.grammar import GrammarCompiler
 from specdec.drafters import LookupDrafter
@@ -94,7 +94,7 @@ def test_a_seeded_constrained_sequence_is_the_same_alone_and_in_company(setup):
 
 def test_under_the_auto_policy_greedy_still_equals_plain(setup):
     """The server's default policy (K per sequence per step, 0 included) around the grammar's drafts."""
-    from specdec.controller import Auto
+    from specdec.engine.controller import Auto
 
     tokenizer, model, grammars = setup
     target = NativeSlots.from_hf(model, "tiny", max_slots=3, max_length=256)

@@ -11,8 +11,8 @@ from specdec.verify import Verdict, accept_or_fix, residual, verify_greedy, veri
 _LAZY = {
     "lookup_draft": "specdec.drafters.lookup",
     "Engine": "specdec.engine",
-    "BatchedEngine": "specdec.batching",
-    "BatchConfig": "specdec.batching",
+    "BatchedEngine": "specdec.engine",
+    "BatchConfig": "specdec.engine",
     "GenerationConfig": "specdec.generation",
     "SpecStats": "specdec.generation",
     "Origin": "specdec.generation",

@@ -25,7 +25,7 @@ def _resample_from_p():
 
 
 def _skip_rollback():
-    return mock.patch("specdec.batching.BatchedEngine._rollback", lambda self, seq, valid: None)
+    return mock.patch("specdec.engine.batched.BatchedEngine._rollback", lambda self, seq, valid: None)
 
 
 def _softmax_as_q():

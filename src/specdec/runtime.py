@@ -13,7 +13,7 @@ from specdec.models.loader import LoadedModel, load_model
 from specdec.models.slots import slot_model_for
 
 if TYPE_CHECKING:
-    from specdec.batching import BatchedEngine
+    from specdec.engine.batched import BatchedEngine
     from specdec.drafters.registry import DraftMenu
 
 
@@ -161,7 +161,7 @@ def build_batched_runtime(target: str = "default", draft: str = DEFAULT_DRAFT, d
     """The flags of build_runtime plus --max-num-seqs (slots of the KV cache) and the longest sequence
     a slot holds (None: the model's); `draft` is what sequences submitted without one draft with.
     report: gets the KV cache's size once it is allocated."""
-    from specdec.batching import BatchConfig, BatchedEngine
+    from specdec.engine.batched import BatchConfig, BatchedEngine
     from specdec.drafters.registry import DraftMenu
 
     if max_num_seqs < 1:

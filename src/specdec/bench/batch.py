@@ -252,7 +252,7 @@ def run_gpu_batch(args) -> int:
 
     import torch
 
-    from specdec.batching import BatchedEngine
+    from specdec.engine.batched import BatchedEngine
     from specdec.drafters.model import DraftSlots
     from specdec.drafters.none import NoDrafter
     from specdec.drafters.oracle import OracleDrafter

@@ -2,7 +2,7 @@
 
 For each batch size, the same greedy prompts run three ways (each twice, in order and reversed; the
 faster counts) through BatchedEngine: every sequence
-plain (K = 0), every sequence at a fixed K, and the auto controller (specdec.auto), which may pick
+plain (K = 0), every sequence at a fixed K, and the auto controller (specdec.engine.auto), which may pick
 K = 0. Reports output tokens per second of each and checks that all three emit the same tokens.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from specdec.bench.common import add_bench_flags, parse_ints
-from specdec.controller import Auto, FixedK
+from specdec.engine.controller import Auto, FixedK
 from specdec.errors import InvalidRequestError
 
 
@@ -30,7 +30,7 @@ def run_engine(target, slots, policy, prompts: list[list[int]], draft: str, max_
     """One batch of greedy prompts through a fresh BatchedEngine: tokens, seconds, acceptance."""
     import time
 
-    from specdec.batching import BatchConfig, BatchedEngine
+    from specdec.engine.batched import BatchConfig, BatchedEngine
     from specdec.drafters import NoDrafter, make_drafter
     from specdec.generation import GenerationConfig
 

@@ -66,7 +66,7 @@ def build_state(args: argparse.Namespace):
     from specdec.runtime import build_runtime
     from specdec.server.app import ServerConfig, ServerState
     from specdec.server.limits import Limits
-    from specdec.controller import speculation_from_flag
+    from specdec.engine.controller import speculation_from_flag
 
     speculation = speculation_from_flag(args.speculation, args.k)
     if args.max_queue < 0:

@@ -1,4 +1,4 @@
-"""The engine's constraint steps over a batch of decoding sequences (batching.BatchedEngine._plan and
+"""The engine's constraint steps over a batch of decoding sequences (engine.batched.BatchedEngine._plan and
 submit): start a sequence's matcher, draft what the grammar dictates, fit the drafters' proposals.
 
 Each function acts on one sequence's own constraint and generator only, in batch order, so a

@@ -180,6 +180,6 @@ def slot_model_for(model: CausalLM, max_slots: int, max_length: int | None = Non
 
 def own_cache_slot(model: CausalLM) -> SlotModel:
     """The model as a slot model of one slot, its own cache the slot: what one sequence needs
-    (engine.Engine). It runs the model's own single-sequence path (on CUDA its captured graphs),
+    (engine.single.Engine). It runs the model's own single-sequence path (on CUDA its captured graphs),
     holds no second cache, and takes any CausalLM, a tensor-parallel target's included."""
     return LoopSlots(lambda: model, 1)

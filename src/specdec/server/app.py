@@ -26,7 +26,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.batching import BatchConfig, BatchedEngine
+from specdec.engine.batched import BatchConfig, BatchedEngine
 from specdec.drafters.registry import DraftMenu
 from specdec.generation import GenerationConfig, SpecStats
 from specdec.runtime import Runtime, eos_ids, grammars_for, slot_target
@@ -38,7 +38,7 @@ from specdec.server.metrics import ServerMetrics
 from specdec.server.prep import Preparer, PrepSettings
 from specdec.server.structured import constraint_of
 from specdec.server.worker import DoneEvent, EngineWorker, ErrorEvent, Job, TokenEvent
-from specdec.controller import RequestK, Speculation
+from specdec.engine.controller import RequestK, Speculation
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
-from specdec.batching import BatchedEngine, SequenceHandle
+from specdec.engine.batched import BatchedEngine, SequenceHandle
 from specdec.drafters.registry import DraftMenu
 from specdec.generation import GenerationConfig, SpecStats
 from specdec.errors import SpecdecError

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from specdec.controller import Plan, SequenceView, StepTrace
+from specdec.engine.controller import Plan, SequenceView, StepTrace
 
 WINDOW = 32  # counted steps a window: enough to average over a few rounds' luck, short next to a request
 MEMORY = 8  # windows an arm's median reads: one unlucky window does not decide

@@ -31,7 +31,7 @@ import torch
 from specdec.batch_rule import StepRule, queue_rule, with_logprobs
 from specdec.constraints.rounds import fit_drafts, grammar_drafts, start_constraint
 from specdec.constraints.sequence import SequenceConstraint
-from specdec.controller import Hook, Plan, RequestK, SequenceView, Speculation, StepRecord, StepTrace
+from specdec.engine.controller import Hook, Plan, RequestK, SequenceView, Speculation, StepRecord, StepTrace
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
 from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
 from specdec.errors import InvalidRequestError
@@ -44,7 +44,7 @@ from specdec.verify import Verdict
 @dataclass(frozen=True)
 class BatchConfig:
     """How the engine schedules: prefill_chunk is the most prompt tokens a sequence runs in one step;
-    speculation: the controller of how many drafts each sequence verifies per step (specdec.controller;
+    speculation: the controller of how many drafts each sequence verifies per step (controller.py;
     default: its request's k).
 
     pipeline: while every running sequence decodes plainly (a drafter that drafts nothing, no

@@ -8,7 +8,7 @@ tokens come out: the rejection rule keeps the output the target's whatever the b
 Three controllers, each made from a frozen option (`Speculation`, resolved once from a flag):
 - RequestK: each request's own k (a library call's GenerationConfig.k);
 - FixedK(k): k for every sequence;
-- Auto(k): per load, the draft cap that has delivered the most tokens per second (specdec.auto).
+- Auto(k): per load, the draft cap that has delivered the most tokens per second (specdec.engine.auto).
 
 Every controller caps a sequence's budget by its room (no round emits past max_new_tokens) and gives
 0 to a sequence whose drafter drafts nothing.
@@ -147,7 +147,7 @@ class FixedK:
 @dataclass(frozen=True)
 class Auto:
     """Per load, the draft cap (0, about K / 2 or K) that has delivered the most tokens per second,
-    measured in windows of steps (specdec.auto.AutoController). k: the largest cap."""
+    measured in windows of steps (specdec.engine.auto.AutoController). k: the largest cap."""
 
     k: int = 4
     name = "auto"
@@ -157,7 +157,7 @@ class Auto:
             raise InvalidRequestError(f"auto speculation needs K >= 1, got {self.k}")
 
     def controller(self):
-        from specdec.auto import AutoController  # the engine layer's own module, imported when used
+        from specdec.engine.auto import AutoController  # the engine layer's own module, imported when used
 
         return AutoController(self.k)
 

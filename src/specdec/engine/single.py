@@ -1,9 +1,9 @@
 """One sequence at a time: the single-sequence face of the batched engine.
 
-There is one round loop, batching.BatchedEngine's, for every drafter and every batch size; an
+There is one round loop, batched.BatchedEngine's, for every drafter and every batch size; an
 Engine is a batch of one over it: its target's own cache is the one slot (models.slots.
 own_cache_slot), its one drafter is lent to each request in turn. So the invariant between rounds,
-the rollback of rejected tokens and the pipelined plain steps are the batched engine's (batching.py).
+the rollback of rejected tokens and the pipelined plain steps are the batched engine's (batched.py).
 
 Why the target's own cache rather than a one-slot NativeSlots: engines over one target share it, as
 they always shared the target's cache (the plain baseline of `--compare` and of the benchmarks runs
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from specdec.batching import BatchConfig, BatchedEngine, SequenceHandle
+from specdec.engine.batched import BatchConfig, BatchedEngine, SequenceHandle
 from specdec.drafters.base import Drafter
 from specdec.errors import UnsupportedHereError
 from specdec.generation import EmittedToken, Generation, GenerationConfig, Origin, SpecStats
