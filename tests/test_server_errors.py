@@ -104,7 +104,7 @@ def keyed_app():
 
     target, _ = build_tiny_models(tiny_root())
     state = ServerState(ServerConfig("tiny", "lookup", 3, api_key="s3cret", max_queue=1),
-                        {"lookup": build_runtime(str(target), "lookup")})
+                        build_runtime(str(target), "lookup"))
     with torch_threads(1), TestClient(create_app(state)) as client:
         yield client
 

@@ -98,7 +98,7 @@ def test_shutdown_finishes_the_stream_in_flight_and_refuses_new_work():
     from tests.server_tiny_model import build_tiny_models, tiny_root, torch_threads
 
     target, _ = build_tiny_models(tiny_root())
-    state = ServerState(ServerConfig("tiny", "none", 1), {"none": build_runtime(str(target), "none")})
+    state = ServerState(ServerConfig("tiny", "none", 1), build_runtime(str(target), "none"))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

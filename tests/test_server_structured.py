@@ -22,7 +22,7 @@ def app(toy_dir):  # noqa: F811
     from specdec.runtime import build_runtime
     from specdec.server.app import ServerConfig, ServerState, create_app
 
-    state = ServerState(ServerConfig("toy", "lookup", 3, max_queue=4), {"lookup": build_runtime(toy_dir, "lookup")})
+    state = ServerState(ServerConfig("toy", "lookup", 3, max_queue=4), build_runtime(toy_dir, "lookup"))
     with torch_threads(1), TestClient(create_app(state)) as client:
         yield client
 

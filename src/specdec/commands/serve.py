@@ -79,15 +79,12 @@ def build_state(args: argparse.Namespace):
     limits = Limits(args.max_body_bytes, args.timeout_keep_alive, args.timeout_headers, args.timeout_body)
     runtime = build_runtime(args.target, args.draft, device=args.device, dtype=args.dtype,
                             backend=getattr(args, "backend", "auto"), threads=getattr(args, "threads", None))
-    runtimes = {args.draft: runtime}
-    for name in EXTRA_DRAFTERS:
-        if name not in runtimes:
-            runtimes[name] = runtime.with_drafter(make_drafter(name, runtime.target))
+    extra = {name: make_drafter(name, runtime.target) for name in EXTRA_DRAFTERS if name != args.draft}
     config = ServerConfig(model_name=args.served_model_name or runtime.target.name, default_draft=args.draft,
                           k=args.k, api_key=args.api_key or None, max_queue=args.max_queue, limits=limits,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                           prefill_chunk=args.prefill_chunk, speculation=speculation)
-    return ServerState(config, runtimes)
+    return ServerState(config, runtime, extra)
 
 
 def _speculation_line(state) -> str:
@@ -101,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.server.drain import make_server
 
     state = build_state(args)
-    threads = state.default_runtime.threads
+    threads = state.runtime.threads
     slots = state.slots
     cache = f"KV cache {state.kv_cache_bytes / 2**20:.0f} MiB" if state.kv_cache_bytes else "a KV cache per slot"
     print(f"specdec: serving {state.config.model_name!r} (draft {args.draft}, {_speculation_line(state)}, {threads.describe()}) "

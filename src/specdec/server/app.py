@@ -26,8 +26,10 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.engine.batched import BatchConfig, BatchedEngine
+from specdec.drafters.base import Drafter
 from specdec.drafters.registry import DraftMenu
+from specdec.engine.batched import BatchConfig, BatchedEngine
+from specdec.engine.controller import RequestK, Speculation
 from specdec.generation import GenerationConfig, SpecStats
 from specdec.runtime import Runtime, eos_ids, grammars_for, slot_target
 from specdec.sampling import SamplingParams
@@ -38,7 +40,6 @@ from specdec.server.metrics import ServerMetrics
 from specdec.server.prep import Preparer, PrepSettings
 from specdec.server.structured import constraint_of
 from specdec.server.worker import DoneEvent, EngineWorker, ErrorEvent, Job, TokenEvent
-from specdec.engine.controller import RequestK, Speculation
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat runs to the context
@@ -61,20 +62,20 @@ class ServerConfig:
 
 
 class ServerState:
-    """What the endpoints share: one runtime per drafter (all on the same target, for their names,
-    tokenizer and the drafter as loaded), the target as a slot model in a BatchedEngine, the drafters
-    by name (each sequence a fork of the loaded one), and the worker that steps the engine."""
+    """What the endpoints share: the runtime (the target, its tokenizer, the default drafter as
+    loaded), the target as a slot model in a BatchedEngine, the drafters by name (the default one and
+    `extra_drafters`, each sequence drafting with a fork of one), and the worker that steps the engine."""
 
-    def __init__(self, config: ServerConfig, runtimes: dict[str, Runtime]):
+    def __init__(self, config: ServerConfig, runtime: Runtime, extra_drafters: dict[str, Drafter] | None = None):
         self.config = config
-        self.runtimes = runtimes
+        self.runtime = runtime
+        self.loaded_drafters = {config.default_draft: runtime.drafter, **(extra_drafters or {})}
         self.metrics = ServerMetrics(config.model_name)
-        runtime = self.default_runtime
         self.slots = slot_target(runtime.target.model, config.max_num_seqs, config.max_model_len)
         self.slots.warm_up()  # before any request
         self.drafters = DraftMenu(runtime.target, self.slots.max_slots, max_length=self.slots.max_length)
-        for name, loaded in runtimes.items():
-            self.drafters.adopt(name, loaded.drafter)  # forks share its weights: none is loaded twice
+        for name, drafter in self.loaded_drafters.items():
+            self.drafters.adopt(name, drafter)  # forks share its weights: none is loaded twice
         self.engine = BatchedEngine(self.slots, self.drafters.factory(config.default_draft), eos_ids(runtime.target),
                                     runtime.decode, BatchConfig(config.prefill_chunk, config.speculation),
                                     grammars=grammars_for(runtime.target))
@@ -85,10 +86,6 @@ class ServerState:
         self.token_text = lambda token_id: tokenizer.decode([token_id])  # logprobs name tokens with specials
         self.prepare = Preparer(PrepSettings(tokenizer, config.model_name, self.max_model_len,
                                              _longest_token_chars(tokenizer), self.slots.vocab_size))
-
-    @property
-    def default_runtime(self) -> Runtime:
-        return self.runtimes[self.config.default_draft]
 
     @property
     def max_model_len(self) -> int:
@@ -232,8 +229,8 @@ def _model_card(state: ServerState) -> dict:
     c = state.config
     return {"id": c.model_name, "object": "model", "created": P.now(), "owned_by": "specdec",
             "max_model_len": state.max_model_len,
-            "specdec": {"target": state.default_runtime.target.name,  # the model's own name, e.g. "(random weights)"
-                        "drafters": list(state.runtimes), "draft": c.default_draft, "k": _server_k(c),
+            "specdec": {"target": state.runtime.target.name,  # the model's own name, e.g. "(random weights)"
+                        "drafters": list(state.loaded_drafters), "draft": c.default_draft, "k": _server_k(c),
                         "speculation": c.speculation.name,
                         "max_k": P.MAX_K, "max_num_seqs": state.slots.max_slots, "max_queue": c.max_queue,
                         "kv_cache_bytes": state.kv_cache_bytes}}
@@ -256,8 +253,8 @@ def _make_job(state: ServerState, request: P.SamplingFields, prompt_ids: list[in
     c = state.config
     _check_fields(state, request)
     draft = request.draft or c.default_draft
-    if draft not in state.runtimes:
-        raise P.APIError(400, f"draft: {draft!r} is not loaded; choose one of {list(state.runtimes)}",
+    if draft not in state.loaded_drafters:
+        raise P.APIError(400, f"draft: {draft!r} is not loaded; choose one of {list(state.loaded_drafters)}",
                          "draft", "invalid_value")
     max_tokens, param = _token_budget(state, request, len(prompt_ids), chat)
     constraint = constraint_of(request, state.engine.grammars)
@@ -269,7 +266,7 @@ def _make_job(state: ServerState, request: P.SamplingFields, prompt_ids: list[in
                         for i in range(request.n))
     except ValueError as exc:
         raise P.APIError(400, str(exc), None, "invalid_value") from None
-    return Job(draft, prompt_ids, configs, state.default_runtime.decode)
+    return Job(draft, prompt_ids, configs, state.runtime.decode)
 
 
 def _check_fields(state: ServerState, request: P.SamplingFields) -> None:
@@ -336,7 +333,7 @@ def _speculative(state: ServerState, job: Job, stats: list[SpecStats]) -> dict:
         for name in ("rounds", "drafted", "accepted", "generated", "draft_time", "verify_time", "other_time"):
             setattr(total, name, getattr(total, name) + getattr(one, name))
     decode = max((one.decode_time for one in stats), default=0.0)  # the choices ran side by side
-    return {"draft": state.runtimes[job.draft].drafter.name, "k": job.configs[0].k, "rounds": total.rounds,
+    return {"draft": state.loaded_drafters[job.draft].name, "k": job.configs[0].k, "rounds": total.rounds,
             "drafted": total.drafted, "accepted": total.accepted, "acceptance_rate": total.acceptance_rate,
             "tokens_per_round": total.tokens_per_round,
             "tokens_per_second": total.generated / decode if decode > 0 else 0.0}
