@@ -73,7 +73,7 @@ def seed_all_bits(gen: torch.Generator, seed: int) -> None:
     low, high = seed & 0xFFFFFFFF, seed >> 32
     gen.manual_seed(low)
     state = gen.get_state()
-    words = state.view(torch.int64)  # a view: writes go to `state`
+    words = state.numpy().view("<i8")  # the CPU state's bytes as int64s, a view: writes go to `state`
     if int(words[_MT_WORD0]) != low:
         raise RuntimeError("torch's CPU generator state has a layout this code does not know; "
                            "see specdec.sampling.seed_all_bits")
@@ -81,7 +81,7 @@ def seed_all_bits(gen: torch.Generator, seed: int) -> None:
     for i in range(1, _MT_WORDS):
         prev = mt[-1]
         mt.append((1812433253 * (prev ^ (prev >> 30)) + i + (high if i == 1 else 0)) & 0xFFFFFFFF)
-    words[_MT_WORD0:_MT_WORD0 + _MT_WORDS] = torch.tensor(mt, dtype=torch.int64)
+    words[_MT_WORD0:_MT_WORD0 + _MT_WORDS] = mt
     words[0] = seed - 2**64 if seed >= 2**63 else seed  # initial_seed() reports the whole seed
     gen.set_state(state)
 
