@@ -273,7 +273,7 @@ def _interleave(plan: Plan, specs: list[ServerSpec], rounds: int, log, work: Pat
                 measured.setdefault(spec.label, {"flags": list(spec.all_flags), "levels": {}})
                 measured[spec.label]["levels"].setdefault(level, []).append({**run, "round": r + 1})
                 print(f"[{spec.label}] concurrency {level}, round {r + 1}: "
-                      f"{run['runs'][0]['output_throughput']:.1f} out tok/s{guard_note(run['runs'][0], level)}"
+                      f"{run['runs'][0]['output_throughput']:.1f} out tok/s{auto_note(run['runs'][0], level)}"
                       f"{memory_note(server.proc.pid)}", flush=True)
 
 
@@ -297,7 +297,7 @@ def gpu_mib_of(listing: str, pid: int) -> int | None:
     return sum(mine) if mine else None
 
 
-def guard_note(run: dict, level: int) -> str:
+def auto_note(run: dict, level: int) -> str:
     """An auto server's bandit at this level's load bucket after the run, e.g. "; auto at 16: cap 0
     (leader 0; tok/s by cap 0: 3010, 2: 2890, 4: 2650)"; "" from other servers."""
     from specdec.engine.auto import bucket_of
@@ -366,7 +366,7 @@ def summary_lines(result: dict) -> list[str]:
                 if spec.get("num_drafts") else ("-", "-")
             speedup = f"{r['speedup']:.2f}x" if r.get("speedup") else "-"
             lines.append(f"{label:<14}{level:>6}{r['output_throughput']:>11.1f}{speedup:>10}{alpha:>7}{tau:>6}"
-                         f"{guard_note(r, level)}")
+                         f"{auto_note(r, level)}")
     plain, alone = by_label.get("plain", {}), by_label.get("one-at-a-time", {})
     for level in sorted(set(plain) & set(alone)):
         ratio = plain[level]["output_throughput"] / alone[level]["output_throughput"]

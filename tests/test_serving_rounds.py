@@ -48,18 +48,16 @@ def test_a_single_round_has_no_round_lines(serving):
     assert serving.round_ratio_lines(result) == []
 
 
-def test_the_guard_of_an_auto_server_is_noted_at_its_levels_batch_size(serving):
-    guard = [{"batch": 1, "mode": "open", "open_score": 1.31, "open_windows": 8, "closed_score": 0.97,
-              "closed_windows": 2},
-             {"batch": 16, "mode": "closed", "open_score": 0.93, "open_windows": 3, "closed_score": None,
-              "closed_windows": 0}]
-    run = {"concurrency": 16, "output_throughput": 900.0, "guard": guard}
-    assert serving.guard_note(run, 16) == "; guard at 16: closed (open 0.93 of predicted plain)"
-    assert serving.guard_note(run, 1) == "; guard at 1: open (open 1.31, closed 0.97 of predicted plain)"
-    assert serving.guard_note(run, 4) == ""  # no window scored at 4 in flight
-    assert serving.guard_note({"output_throughput": 1.0, "guard": None}, 1) == ""
-    priced = {**run, "draft_seconds": [1.92e-3, 0.74e-3]}  # the auto policy's draft cost, fixed and per pass
-    assert serving.guard_note(priced, 16).endswith("of predicted plain); draft 1.92 + 0.74 ms a pass")
+def test_an_auto_servers_bandit_is_noted_at_its_levels_load_bucket(serving):
+    controller = {"arms": [0, 2, 4], "buckets": [
+        {"load": 1, "arm": 4, "leader": 4, "windows": 9, "scores": {"0": 170.4, "2": 250.0, "4": 262.6}},
+        {"load": 16, "arm": 0, "leader": 2, "windows": 3, "scores": {"0": 2300.0, "2": 2400.2, "4": None}}]}
+    run = {"concurrency": 16, "output_throughput": 900.0, "controller": controller}
+    assert serving.auto_note(run, 16) == "; auto at 16: cap 0 (leader 2; tok/s by cap 0: 2300, 2: 2400)"
+    assert serving.auto_note(run, 13) == serving.auto_note(run, 16)  # the same bucket
+    assert serving.auto_note(run, 1) == "; auto at 1: cap 4 (leader 4; tok/s by cap 0: 170, 2: 250, 4: 263)"
+    assert serving.auto_note(run, 4) == ""  # no window scored at 4 in flight
+    assert serving.auto_note({"output_throughput": 1.0, "controller": None}, 1) == ""
 
 
 def test_servers_start_in_the_order_named_and_plain_b_only_when_named(serving):
