@@ -192,8 +192,7 @@ def test_a_drain_s_abort_reaches_a_running_stream_as_its_error_not_as_a_finish()
     worker = state.worker
 
     async def run() -> list[object]:
-        job = Job("none", [1, 2, 3], (GenerationConfig(max_new_tokens=CONTEXT - 8, ignore_eos=True),),
-                  lambda ids: "".join(f" w{i}" for i in ids))
+        job = Job("none", [1, 2, 3], (GenerationConfig(max_new_tokens=CONTEXT - 8, ignore_eos=True),))
         events, got = worker.submit(job), []
         async for event in events:
             got.append(event)

@@ -105,3 +105,24 @@ def test_the_engine_finishes_at_a_stop_string_longer_than_a_few_tokens(tiny_targ
     engine.run()
     assert handle.finish_reason == "stop"
     assert handle.token_ids == free.token_ids[:15]
+
+
+def test_the_text_a_listener_reads_is_the_one_the_engine_checked(tiny_target):
+    """One TextStream a sequence, the handle's: the engine finds the stop string in it and a listener
+    reads what it shows after each step; it ends cut before the stop string. Without a decode
+    function the engine keeps no text."""
+    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 1), lambda: NoDrafter(CPU), decode=DECODE,
+                           config=BatchConfig(prefill_chunk=8))
+    prompt = [7, 11, 13, 17, 19]
+    free = engine.submit(prompt, GenerationConfig(max_new_tokens=20))
+    engine.run()
+    stop = DECODE(free.token_ids[6:9])
+    seen = []
+    handle = engine.submit(prompt, GenerationConfig(max_new_tokens=20, stop=(stop,)),
+                           listener=lambda h, tokens: seen.append(h.text.shown))
+    engine.run()
+    text = DECODE(free.token_ids)
+    assert handle.finish_reason == "stop" and seen[-1] == handle.text.shown == text[: text.index(stop)]
+    assert all(later.startswith(earlier) for earlier, later in zip(seen, seen[1:]))
+    bare = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 1), lambda: NoDrafter(CPU))
+    assert bare.submit(prompt, GenerationConfig(max_new_tokens=4)).text is None

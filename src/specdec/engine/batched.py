@@ -82,11 +82,16 @@ Listener = Callable[["SequenceHandle", list[EmittedToken]], None]
 class SequenceHandle:
     """One submitted sequence. Iterate it for its EmittedTokens (stepping the engine while none are
     ready; leaving the loop early cancels the sequence), or give submit a listener. token_ids,
-    stats and finish_reason fill in as the engine steps. Iterate handles, or call result(), only
-    from the thread that steps the engine."""
+    stats and finish_reason fill in as the engine steps. text: the answer's text as far as it is
+    final (stops.TextStream: stop strings cut, nothing shown that may be taken back), kept by the
+    engine when it has a decode function (else None); the engine finds the stop strings in it, and a
+    listener reads `text.shown` after each step. Iterate handles, or call result(), only from the
+    thread that steps the engine."""
 
-    def __init__(self, engine: "BatchedEngine", request_id: int, listener: Listener | None):
+    def __init__(self, engine: "BatchedEngine", request_id: int, listener: Listener | None,
+                 text: TextStream | None = None):
         self.request_id = request_id
+        self.text = text
         self.stats = SpecStats()
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
@@ -123,6 +128,8 @@ class SequenceHandle:
     def _emit(self, tokens: list[EmittedToken], finished: bool) -> None:
         self.token_ids += [t.token_id for t in tokens]
         self.done = finished
+        if self.text is not None:
+            self.text.update(self.token_ids, final=finished)
         if self._listener is None:
             self._ready.extend(tokens)
         elif tokens or finished:
@@ -142,7 +149,6 @@ class _Sequence:
     slot: int = -1
     prefilled: int = 0  # prompt tokens in the slot so far (the prompt minus its last when done)
     pending: torch.Tensor | None = None  # [1] the newest token, fed first by the next verify
-    stop_text: TextStream | None = None  # the answer's text, for its stop strings (made at the first check)
     running: bool = False  # holds a slot (admitted, not yet left)
     constraint: SequenceConstraint | None = None  # structured output: its grammar's matcher (constraints/)
 
@@ -272,7 +278,8 @@ class BatchedEngine:
         # A cancelled sequence's drafter is free: it ends (Drafter.end) before the next admission begins it.
         if any(s.drafter is drafter and not s.handle.cancelled for s in itertools.chain(self._running, self._waiting)):
             raise ValueError("this drafter already drafts for another sequence: give each sequence its own")
-        handle = SequenceHandle(self, next(self._ids), listener)
+        text = None if self.decode is None else TextStream(self.decode, config.stop)
+        handle = SequenceHandle(self, next(self._ids), listener, text)
         generator = config.sampling.make_generator(self.target.device)
         constraint = start_constraint(self.grammars, config, self.target.vocab_size, self.target.device)
         self._waiting.append(_Sequence(handle, list(prompt), config, drafter, generator, context=list(prompt),
@@ -520,13 +527,13 @@ class BatchedEngine:
             return "length"
         return None
 
-    def _holds_stop(self, seq: _Sequence, generated: list[int]) -> bool:
-        """Whether the answer so far holds a stop string. Its text grows with it (stops.TextStream: a
-        few tokens' decoding and constant work a new character, however many stop strings)."""
-        if seq.stop_text is None:
-            seq.stop_text = TextStream(self.decode, seq.config.stop)
-        seq.stop_text.update(generated, final=False)
-        return seq.stop_text.stopped
+    @staticmethod
+    def _holds_stop(seq: _Sequence, generated: list[int]) -> bool:
+        """Whether the answer so far holds a stop string: its text (the handle's, which a listener
+        reads too) grows with it (stops.TextStream: a few tokens' decoding and constant work a new
+        character, however many stop strings)."""
+        seq.handle.text.update(generated, final=False)
+        return seq.handle.text.stopped
 
     @staticmethod
     def _charge(unit: _Unit, draft: float, verify: float, other: float) -> None:

@@ -266,7 +266,7 @@ def _make_job(state: ServerState, request: P.SamplingFields, prompt_ids: list[in
                         for i in range(request.n))
     except ValueError as exc:
         raise P.APIError(400, str(exc), None, "invalid_value") from None
-    return Job(draft, prompt_ids, configs, state.runtime.decode)
+    return Job(draft, prompt_ids, configs)
 
 
 def _check_fields(state: ServerState, request: P.SamplingFields) -> None:

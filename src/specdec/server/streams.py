@@ -1,7 +1,8 @@
 """What one choice of a request sends back: text as it becomes final, its tokens, then its end.
 
 A ChoiceStream is the batched engine's listener for one sequence: the engine thread calls it with
-each step's tokens; it detokenizes incrementally (stops.TextStream), times the tokens for the metrics and
+each step's tokens; it sends the text the engine has made final (the handle's stops.TextStream, where
+the engine also finds the stop strings), times the tokens for the metrics and
 hands events to the asyncio loop (`emit`, a call_soon_threadsafe). Event `index` is the choice's
 index in the request (n > 1 runs n sequences).
 """
@@ -15,7 +16,6 @@ from typing import Callable
 from specdec.generation import EmittedToken, SpecStats
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import APIError
-from specdec.stops import TextStream
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,10 @@ def token_record(token: EmittedToken) -> dict:
 class ChoiceStream:
     """One sequence's listener (called on the engine thread). on_done(self) runs once it has finished."""
 
-    def __init__(self, index: int, arrived: float, prompt_tokens: int, decode, stop: tuple[str, ...],
-                 keep_tokens: bool, emit: Callable[[object], None], metrics: ServerMetrics,
-                 on_done: Callable[["ChoiceStream"], None]):
+    def __init__(self, index: int, arrived: float, prompt_tokens: int, keep_tokens: bool,
+                 emit: Callable[[object], None], metrics: ServerMetrics, on_done: Callable[["ChoiceStream"], None]):
         self.index, self.prompt_tokens = index, prompt_tokens
-        self.text = TextStream(decode, stop)
+        self.sent = 0  # characters of the handle's text sent so far
         self.keep_tokens = keep_tokens  # logprobs asked for: the final answer lists every token
         self.emit, self.metrics, self.on_done = emit, metrics, on_done
         self.last = arrived
@@ -74,7 +73,8 @@ class ChoiceStream:
             self.pending.append(record)
             if self.keep_tokens:
                 self.every.append(record)
-        delta = self.text.update(handle.token_ids, final=handle.done)
+        shown = handle.text.shown
+        delta, self.sent = shown[self.sent:], len(shown)
         if delta:
             s = handle.stats
             self.emit(TokenEvent(self.index, delta, self.pending, {"rounds": s.rounds, "drafted": s.drafted,
@@ -86,5 +86,5 @@ class ChoiceStream:
     def finish(self, handle) -> None:
         reason = "abort" if handle.cancelled else (handle.finish_reason or "length")
         self.metrics.finish(reason, self.prompt_tokens, handle.stats, time.perf_counter() - self.arrived)
-        self.emit(DoneEvent(self.index, reason, self.text.shown, self.pending, handle.stats, tuple(self.every)))
+        self.emit(DoneEvent(self.index, reason, handle.text.shown, self.pending, handle.stats, tuple(self.every)))
         self.on_done(self)

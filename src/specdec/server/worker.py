@@ -35,7 +35,6 @@ class Job:
     draft: str  # the kind its sequences draft with (a DraftMenu name)
     prompt_ids: list[int]
     configs: tuple[GenerationConfig, ...]
-    decode: Callable[[list[int]], str]
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     started: bool = False  # a sequence of it joined the engine (set under the worker's lock)
@@ -167,9 +166,8 @@ class EngineWorker:
             self._choice_done(job, None)
             return self._fail(job, APIError(500, f"could not fork a drafter: {exc}", None, "internal"))
         config = job.configs[index]
-        stream = ChoiceStream(index, job.arrived, len(job.prompt_ids) if index == 0 else 0, job.decode,
-                              config.stop, config.logprobs is not None, live[1], self.metrics,
-                              lambda _: self._choice_done(job, None))
+        stream = ChoiceStream(index, job.arrived, len(job.prompt_ids) if index == 0 else 0,
+                              config.logprobs is not None, live[1], self.metrics, lambda _: self._choice_done(job, None))
         try:
             job.handles.append(self.engine.submit(job.prompt_ids, config, drafter, stream))
         except SpecdecError as exc:
