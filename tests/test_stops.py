@@ -93,13 +93,19 @@ def test_stop_lists_past_the_bounds_are_named():
     assert str(MAX_STOP_CHARS) in stop_list_problem(("y" * (MAX_STOP_CHARS + 1),))
 
 
-def test_the_engine_finishes_at_a_stop_string_longer_than_a_few_tokens(tiny_target):
-    """A stop string spanning 12 tokens: it used to be looked for in a window of the newest 9."""
+def free_run(tiny_target):
+    """An engine with a decode function, a prompt, and its 20 tokens without stop strings."""
     engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 1), lambda: NoDrafter(CPU), decode=DECODE,
                            config=BatchConfig(prefill_chunk=8))
     prompt = [7, 11, 13, 17, 19]
     free = engine.submit(prompt, GenerationConfig(max_new_tokens=20))
     engine.run()
+    return engine, prompt, free
+
+
+def test_the_engine_finishes_at_a_stop_string_longer_than_a_few_tokens(tiny_target):
+    """A stop string spanning 12 tokens: it used to be looked for in a window of the newest 9."""
+    engine, prompt, free = free_run(tiny_target)
     stop = DECODE(free.token_ids[3:15])
     handle = engine.submit(prompt, GenerationConfig(max_new_tokens=20, stop=(stop,)))
     engine.run()
@@ -111,11 +117,7 @@ def test_the_text_a_listener_reads_is_the_one_the_engine_checked(tiny_target):
     """One TextStream a sequence, the handle's: the engine finds the stop string in it and a listener
     reads what it shows after each step; it ends cut before the stop string. Without a decode
     function the engine keeps no text."""
-    engine = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 1), lambda: NoDrafter(CPU), decode=DECODE,
-                           config=BatchConfig(prefill_chunk=8))
-    prompt = [7, 11, 13, 17, 19]
-    free = engine.submit(prompt, GenerationConfig(max_new_tokens=20))
-    engine.run()
+    engine, prompt, free = free_run(tiny_target)
     stop = DECODE(free.token_ids[6:9])
     seen = []
     handle = engine.submit(prompt, GenerationConfig(max_new_tokens=20, stop=(stop,)),

@@ -100,18 +100,11 @@ class SpeculationController(Protocol):
     def summary(self) -> dict: ...
 
 
-@dataclass(frozen=True)
-class RequestK:
-    """Each sequence verifies its request's k drafts. k: the default a server gives requests."""
+class _Stateless:
+    """A controller that learns nothing from its steps: the option is its own controller."""
 
-    k: int = 4
-    name = "request"
-
-    def controller(self) -> "RequestK":
-        return self  # no state
-
-    def plan(self, sequences: Sequence[SequenceView], load: int) -> Plan:
-        return Plan(tuple(s.capped(s.k) for s in sequences), "each request's k")
+    def controller(self):
+        return self
 
     def record(self, trace: StepTrace) -> None:
         pass
@@ -121,7 +114,18 @@ class RequestK:
 
 
 @dataclass(frozen=True)
-class FixedK:
+class RequestK(_Stateless):
+    """Each sequence verifies its request's k drafts. k: the default a server gives requests."""
+
+    k: int = 4
+    name = "request"
+
+    def plan(self, sequences: Sequence[SequenceView], load: int) -> Plan:
+        return Plan(tuple(s.capped(s.k) for s in sequences), "each request's k")
+
+
+@dataclass(frozen=True)
+class FixedK(_Stateless):
     """Every sequence verifies k drafts (0: plain decoding)."""
 
     k: int
@@ -131,17 +135,8 @@ class FixedK:
         if self.k < 0:
             raise InvalidRequestError(f"a fixed K must be >= 0, got {self.k}")
 
-    def controller(self) -> "FixedK":
-        return self
-
     def plan(self, sequences: Sequence[SequenceView], load: int) -> Plan:
         return Plan(tuple(s.capped(self.k) for s in sequences), f"fixed K = {self.k}")
-
-    def record(self, trace: StepTrace) -> None:
-        pass
-
-    def summary(self) -> dict:
-        return {}
 
 
 @dataclass(frozen=True)
