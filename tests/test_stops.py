@@ -116,7 +116,7 @@ def test_the_engine_finishes_at_a_stop_string_longer_than_a_few_tokens(tiny_targ
 def test_the_text_a_listener_reads_is_the_one_the_engine_checked(tiny_target):
     """One TextStream a sequence, the handle's: the engine finds the stop string in it and a listener
     reads what it shows after each step; it ends cut before the stop string. Without a decode
-    function the engine keeps no text."""
+    function, or with no stop strings and no listener, the engine keeps no text."""
     engine, prompt, free = free_run(tiny_target)
     stop = DECODE(free.token_ids[6:9])
     seen = []
@@ -126,5 +126,6 @@ def test_the_text_a_listener_reads_is_the_one_the_engine_checked(tiny_target):
     text = DECODE(free.token_ids)
     assert handle.finish_reason == "stop" and seen[-1] == handle.text.shown == text[: text.index(stop)]
     assert all(later.startswith(earlier) for earlier, later in zip(seen, seen[1:]))
+    assert engine.submit(prompt, GenerationConfig(max_new_tokens=4)).text is None  # no stops, no listener: no reader
     bare = BatchedEngine(LoopSlots(tiny_target.with_own_cache, 1), lambda: NoDrafter(CPU))
     assert bare.submit(prompt, GenerationConfig(max_new_tokens=4)).text is None

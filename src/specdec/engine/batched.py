@@ -18,6 +18,7 @@ whenever it arrived (rule 6 of the design). A single sequence is a batch of one 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -84,8 +85,8 @@ class SequenceHandle:
     ready; leaving the loop early cancels the sequence), or give submit a listener. token_ids,
     stats and finish_reason fill in as the engine steps. text: the answer's text as far as it is
     final (stops.TextStream: stop strings cut, nothing shown that may be taken back), kept by the
-    engine when it has a decode function (else None); the engine finds the stop strings in it, and a
-    listener reads `text.shown` after each step. Iterate handles, or call result(), only from the
+    engine where someone reads it: the sequence has stop strings (the engine finds them there) or a
+    listener (which reads `text.shown` after each step), and the engine a decode function; else None. Iterate handles, or call result(), only from the
     thread that steps the engine."""
 
     def __init__(self, engine: "BatchedEngine", request_id: int, listener: Listener | None,
@@ -278,7 +279,8 @@ class BatchedEngine:
         # A cancelled sequence's drafter is free: it ends (Drafter.end) before the next admission begins it.
         if any(s.drafter is drafter and not s.handle.cancelled for s in itertools.chain(self._running, self._waiting)):
             raise ValueError("this drafter already drafts for another sequence: give each sequence its own")
-        text = None if self.decode is None else TextStream(self.decode, config.stop)
+        wanted = self.decode is not None and (config.stop or listener is not None)  # no decoding nobody reads
+        text = TextStream(self.decode, config.stop) if wanted else None
         handle = SequenceHandle(self, next(self._ids), listener, text)
         generator = config.sampling.make_generator(self.target.device)
         constraint = start_constraint(self.grammars, config, self.target.vocab_size, self.target.device)
@@ -378,8 +380,7 @@ class BatchedEngine:
             return None
         units = [_Unit(seq, flight.rule.next_token_of(i), self._no_draft) for i, seq in running]
         # The views as the step will see them: each sequence a token further on.
-        views = tuple(SequenceView(v.request_id, v.k, v.room - 1, v.drafts, v.seeded_sample)
-                      for v in (seq.view for _, seq in running))
+        views = tuple(dataclasses.replace(v, room=v.room - 1) for v in (seq.view for _, seq in running))
         planned = self.controller.plan(views, self._load)  # plain: _next_step_is_plain said so
         return self._launch(units, Plan((0,) * len(views), planned.reason, planned.key), views, self._load)
 
