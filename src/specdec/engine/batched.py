@@ -13,7 +13,7 @@ Per sequence: the slot holds the emitted text minus its pending token (the newes
 verify feeds first); draft, verify, keep a prefix, emit one more; the draws come from the
 sequence's own generator in the same order whatever the batch; and a slot's rows do not depend on
 the others: so a sequence's tokens are the ones it gets alone, whatever shares its batch and
-whenever it arrived (rule 6 of the design). A single sequence is a batch of one (engine.Engine).
+whenever it arrived (rule 6 of the design). A single sequence is a batch of one (single.Engine).
 """
 
 from __future__ import annotations
