@@ -9,22 +9,48 @@ from typing import Callable, Sequence
 import torch
 
 from specdec.sampling import SamplingParams
+from specdec.trees import check_parents
 
 
 @dataclass(frozen=True)
 class Draft:
-    """Proposed tokens and the distribution each was drawn from.
+    """Proposed tokens (the nodes of a tree, a chain by default) and the distribution each was drawn from.
 
     tokens: [k] long, on the target's device (k may be smaller than asked, even 0).
     q: [k, V] fp32 probabilities the draft actually sampled from, or None when every token was
-       chosen deterministically (argmax, lookup): then q is one-hot on the token (rule 1).
+       chosen deterministically (argmax, top-k, lookup): then q is one-hot on the token (rule 1).
+       With q given, node j was drawn from q[j]; siblings drawn independently from one distribution
+       (with replacement) carry equal rows.
+    parents: [k] host ints, node j's parent: -1 for the root (the text's newest token), else an
+       earlier node (parents[j] < j, so a parent comes before its children). None: a chain, node j's
+       parent is node j - 1. Siblings are judged in node order (tree_rule).
     """
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
+    parents: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.parents is not None:
+            check_parents(self.parents, len(self))
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None or all(p == j - 1 for j, p in enumerate(self.parents))
+
+    @property
+    def node_parents(self) -> tuple[int, ...]:
+        """parents, a chain's included."""
+        return tuple(range(-1, len(self) - 1)) if self.parents is None else self.parents
+
+    @property
+    def row_parents(self) -> tuple[int, ...] | None:
+        """The verify pass's tree over its rows (row 0 the root, row j + 1 node j), as
+        SlotModel.forward_ragged takes it; None for a chain (its rows are causal)."""
+        return None if self.is_chain else (-1,) + tuple(p + 1 for p in self.parents)
 
 
 class Drafter(ABC):
@@ -55,7 +81,9 @@ class Drafter(ABC):
         return [d.propose(c, k, p, g) for d, c, k, p, g in zip(drafters, contexts, ks, params, generators)]
 
     def commit(self, num_valid: int) -> None:
-        """After a round: the first num_valid tokens of the text are final; forget the rest."""
+        """After a round: the first num_valid tokens of the text are final; forget the rest. After a
+        tree round num_valid is the text's length before it (every node is forgotten, the kept path
+        included): the next propose's context brings the path, and observe its features."""
 
     def end(self) -> None:
         """Its sequence is done (the batched engine calls this as the sequence leaves): give back

@@ -60,12 +60,16 @@ class SlotModel(ABC):
     @abstractmethod
     def forward_ragged(self, slots: Sequence[int], tokens: Sequence[torch.Tensor], *,
                        logits: Sequence[bool] | None = None,
-                       features: Sequence[tuple[int, ...] | None] | None = None) -> RaggedOutput:
+                       features: Sequence[tuple[int, ...] | None] | None = None,
+                       trees: Sequence[tuple[int, ...] | None] | None = None) -> RaggedOutput:
         """Run sequence slots[i]'s new tokens[i] [n_i] (n_i >= 1) on top of its cache, at positions
         cache_len(slots[i]) .. + n_i - 1, and append them to it. slots: [B] distinct slot indices.
         logits: [B], whether sequence i wants its logits (None: all do). features: [B], the layers
         whose outputs sequence i wants with the last layer's features (CausalLM.forward_with_hidden),
-        or None for no features (None: nobody wants any)."""
+        or None for no features (None: nobody wants any). trees: [B], sequence i's rows as a tree
+        (specdec.trees: row_parents, n_i entries; row r at position cache_len + depth(r), seeing the
+        cache and its own path), or None for causal rows (None: every sequence's rows are causal);
+        every row is appended to the cache all the same, at cache_len + r, until keep_rows."""
 
     @abstractmethod
     def cache_len(self, slot: int) -> int:
@@ -74,6 +78,15 @@ class SlotModel(ABC):
     @abstractmethod
     def rollback(self, slot: int, length: int) -> None:
         """Slot `slot` keeps its first `length` tokens and forgets the rest."""
+
+    def keep_rows(self, slot: int, start: int, rows: Sequence[int]) -> None:
+        """After a tree pass that began at cache length `start`: the slot keeps its first `start`
+        tokens, then the entries of the pass's rows `rows` (increasing, relative to start: a path from
+        the root row 0) moved to start, start + 1, ..., and forgets the rest. Causal rows 0..m - 1
+        are a rollback to start + m."""
+        if list(rows) != list(range(len(rows))):
+            raise NotImplementedError(f"{self.name} cannot keep a tree's path: it verifies chains only")
+        self.rollback(slot, start + len(rows))
 
     def release(self, slot: int) -> None:
         """The slot's sequence is done: empty it for the next one."""

@@ -1,0 +1,41 @@
+"""Draft trees: their shape, as the models and the rule read it.
+
+A verify pass over a tree has one row per node and a root row first: row 0 is the text's newest
+token (the root), row r > 0 is draft node r - 1. row_parents[r] is row r's parent row (-1 for the
+root), always an earlier row, so a parent's row comes before its children's. Row r sits at
+position cache_len + depth(r) of its sequence and attends to the cached text and to the rows on
+its own path (its ancestors and itself), nothing else: its logits are those of decoding its path
+one token at a time (rule 7 of the design). A chain is the tree whose row r has parent r - 1.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def check_parents(parents: Sequence[int], n: int) -> None:
+    """A ValueError unless parents make a tree of n nodes in topological order (parents[j] in -1..j-1)."""
+    if len(parents) != n or any(not -1 <= p < j for j, p in enumerate(parents)):
+        raise ValueError(f"a draft tree of {n} nodes needs one parent per node, each -1 (the root) or an "
+                         f"earlier node; got {list(parents)}")
+
+
+def depths(row_parents: Sequence[int]) -> list[int]:
+    """Each row's depth below the root row 0 (row_parents[0] == -1): its position past the cache's end."""
+    out: list[int] = []
+    for parent in row_parents:
+        out.append(0 if parent < 0 else out[parent] + 1)
+    return out
+
+
+def path_rows(row_parents: Sequence[int], row: int) -> list[int]:
+    """The rows from the root to `row`, both included, in order."""
+    path = []
+    while row >= 0:
+        path.append(row)
+        row = row_parents[row]
+    return path[::-1]
+
+
+def is_chain(row_parents: Sequence[int] | None) -> bool:
+    return row_parents is None or all(p == r - 1 for r, p in enumerate(row_parents))
