@@ -11,6 +11,10 @@ exactness benchmark) can prove its checks would catch the bug. No user-facing op
                    grammar and verify the rest against the draft's unmasked q.
 - skip-matcher-rollback: never roll a sequence's grammar matcher back after a round, so it keeps the
                    rejected drafts.
+- tree-no-sibling-residual: in a tree, test every sibling against the row's p (no residual update
+                   after a rejected sibling).
+- tree-recover-from-p: in a tree, draw the token after a row's rejected children from its p again.
+- tree-parent-q:   in a tree, take a sampled node's q as its parent's row (the distribution one level up).
 """
 
 from __future__ import annotations
@@ -49,6 +53,18 @@ def _skip_matcher_rollback():
     return mock.patch("specdec.constraints.sequence.SequenceConstraint.rollback", lambda self, n: None)
 
 
+def _tree_no_sibling_residual():
+    return mock.patch("specdec.tree_rule.next_residual", lambda r, q: r)
+
+
+def _tree_recover_from_p():
+    return mock.patch("specdec.tree_rule.exhausted", lambda r, p: p)
+
+
+def _tree_parent_q():
+    return mock.patch("specdec.tree_rule.q_row_of", lambda parents: [p if p >= 0 else j for j, p in enumerate(parents)])
+
+
 FAULTS = {
     "resample-from-p": _resample_from_p,
     "skip-rollback": _skip_rollback,
@@ -56,6 +72,9 @@ FAULTS = {
     "skip-vocab-check": _skip_vocab_check,
     "constraint-unmasked-q": _constraint_unmasked_q,
     "skip-matcher-rollback": _skip_matcher_rollback,
+    "tree-no-sibling-residual": _tree_no_sibling_residual,
+    "tree-recover-from-p": _tree_recover_from_p,
+    "tree-parent-q": _tree_parent_q,
 }
 
 
