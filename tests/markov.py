@@ -6,9 +6,14 @@ of the engine and the rule, not of the network, and the cache is real (a token l
 rollback bugs change the output.
 """
 
+import itertools
+
 import torch
 
+from specdec.drafters.base import Draft, Drafter
 from specdec.models.base import CausalLM
+from specdec.models.slots import RaggedOutput, SlotModel
+from specdec.sampling import warp_logits
 
 
 class MarkovLM(CausalLM):
@@ -45,3 +50,74 @@ class MarkovLM(CausalLM):
         """Logits after a whole context, without touching the cache (for exact probabilities)."""
         prev2 = context[-2] if len(context) > 1 else 0
         return self.table[prev2, context[-1]]
+
+
+class MarkovSlots(SlotModel):
+    """MarkovLM's table for many sequences, with tree passes (specdec.trees): a row's logits depend on
+    its token and its parent row's (the cache's last token for the root), so a tree row's logits are
+    exactly its path's, and keep_rows really moves the kept rows."""
+
+    def __init__(self, lm: MarkovLM, max_slots: int):
+        self.table, self.vocab_size, self.max_length = lm.table, lm.vocab_size, lm.max_length
+        self.device, self.name, self.max_slots = lm.device, lm.name, max_slots
+        self.slots: list[list[int]] = [[] for _ in range(max_slots)]
+
+    def cache_len(self, slot: int) -> int:
+        return len(self.slots[slot])
+
+    def rollback(self, slot: int, length: int) -> None:
+        assert length <= len(self.slots[slot]), "rollback past the end"
+        del self.slots[slot][length:]
+
+    def keep_rows(self, slot: int, start: int, rows) -> None:
+        cache = self.slots[slot]
+        assert list(rows) == sorted(set(rows)) and start + max(rows) < len(cache)
+        self.slots[slot] = cache[:start] + [cache[start + r] for r in rows]
+
+    def forward_ragged(self, slots, tokens, *, logits=None, features=None, trees=None) -> RaggedOutput:
+        out, counts = [], []
+        for i, (slot, new) in enumerate(zip(slots, tokens)):
+            cache, ids = self.slots[slot], new.tolist()
+            tree = trees[i] if trees is not None and trees[i] is not None else tuple(range(-1, len(ids) - 1))
+            before = cache[-1] if cache else 0
+            rows = [self.table[before if parent < 0 else ids[parent], t] for t, parent in zip(ids, tree)]
+            cache += ids
+            wanted = logits is None or logits[i]
+            out += rows if wanted else []
+            counts.append(len(ids) if wanted else 0)
+        offsets = tuple(itertools.accumulate(counts, initial=0))
+        flat = torch.stack(out) if out else torch.empty(0, self.vocab_size)
+        return RaggedOutput(flat, offsets, (None,) * len(slots))
+
+
+class MarkovTreeDrafter(Drafter):
+    """Drafts a tree from another order-2 table: `width` children a node, `depth` levels, at most k
+    nodes (breadth first). sampled: children drawn i.i.d. from the warped q (with replacement, q rows
+    given); else the top-`width` tokens of q, most probable first (q None)."""
+
+    def __init__(self, lm: MarkovLM, width: int = 2, depth: int = 3, sampled: bool = False):
+        self.lm, self.width, self.depth, self.sampled = lm, width, depth, sampled
+        self.name = "markov-tree"
+
+    def fork(self) -> "MarkovTreeDrafter":
+        return MarkovTreeDrafter(self.lm, self.width, self.depth, self.sampled)
+
+    def propose(self, context, k, params, generator) -> Draft:
+        tokens, parents, rows = [], [], []
+        frontier = [(-1, context[-2] if len(context) > 1 else 0, context[-1])]
+        for _ in range(self.depth):
+            nxt = []
+            for node, prev2, last in frontier:
+                q = warp_logits(self.lm.table[prev2, last], params)
+                kids = (torch.multinomial(q, self.width, replacement=True, generator=generator) if self.sampled
+                        else q.topk(self.width).indices).tolist()
+                for t in kids:
+                    if len(tokens) == k:
+                        break
+                    tokens.append(t)
+                    parents.append(node)
+                    rows.append(q)
+                    nxt.append((len(tokens) - 1, last, t))
+            frontier = nxt
+        q_rows = torch.stack(rows) if self.sampled and rows else None
+        return Draft(torch.tensor(tokens, dtype=torch.long), q_rows, tuple(parents))

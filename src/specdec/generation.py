@@ -105,11 +105,11 @@ class SpecStats:
         self.accepted += min(verdict.num_accepted, emitted)
         self.judged += verdict.num_judged
         self.generated += emitted
-        grow = verdict.num_drafted - len(self.drafted_per_position)
+        grow = verdict.positions - len(self.drafted_per_position)
         if grow > 0:
             self.drafted_per_position += [0] * grow
             self.accepted_per_position += [0] * grow
-        for i in range(verdict.num_drafted):
+        for i in range(verdict.positions):  # a tree's depths
             self.drafted_per_position[i] += 1
             self.accepted_per_position[i] += int(i < verdict.num_accepted)
 

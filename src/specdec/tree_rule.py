@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.sampling import sample
+from specdec.trees import depths
 from specdec.verify import Verdict, residual
 
 
@@ -45,6 +46,7 @@ class TreeVerdict(Verdict):
     path: tuple[int, ...] = ()
     leaf: bool = False
     judged: int = 0
+    depth: int = 0  # the tree's deepest node's depth (the root's children are at 1)
 
     @property
     def all_accepted(self) -> bool:
@@ -53,6 +55,10 @@ class TreeVerdict(Verdict):
     @property
     def num_judged(self) -> int:
         return self.judged
+
+    @property
+    def positions(self) -> int:
+        return self.depth
 
     @property
     def rows(self) -> list[int]:
@@ -148,7 +154,7 @@ def walk(values: Sequence[int], parents: Sequence[int], greedy: bool) -> tuple[T
         row = taken + 1
     next_token = values[row] if greedy else values[n + row]
     verdict = TreeVerdict(num_accepted=len(path), next_token=int(next_token), num_drafted=n, path=tuple(path),
-                          leaf=not kids[row], judged=judged)
+                          leaf=not kids[row], judged=judged, depth=max(depths((-1,) + tuple(p + 1 for p in parents))))
     return verdict, [tokens[c] for c in path]
 
 

@@ -46,6 +46,11 @@ class Verdict:
         return self.num_accepted == self.num_drafted
 
     @property
+    def positions(self) -> int:
+        """The draft positions (depths) the round offered: K for a chain."""
+        return self.num_drafted
+
+    @property
     def num_judged(self) -> int:
         """Drafts the rule decided on: the accepted ones and the first rejected one (those after it
         never were)."""

@@ -46,6 +46,21 @@ class Draft:
         """parents, a chain's included."""
         return tuple(range(-1, len(self) - 1)) if self.parents is None else self.parents
 
+    def first_path(self) -> "Draft":
+        """The chain down each row's first child from the root: what a drafter would have drafted as a
+        chain (its nodes keep their q rows), for a verify that takes chains only."""
+        if self.is_chain:
+            return self
+        kids: dict[int, int] = {}
+        for j, p in enumerate(self.parents):
+            kids.setdefault(p, j)
+        path, node = [], kids.get(-1)
+        while node is not None:
+            path.append(node)
+            node = kids.get(node)
+        at = torch.tensor(path, dtype=torch.long, device=self.tokens.device)
+        return Draft(self.tokens.index_select(0, at), None if self.q is None else self.q.index_select(0, at))
+
     @property
     def row_parents(self) -> tuple[int, ...] | None:
         """The verify pass's tree over its rows (row 0 the root, row j + 1 node j), as

@@ -39,6 +39,7 @@ from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
 from specdec.stops import TextStream
 from specdec.transfers import token_tensor
+from specdec.tree_rule import TreeVerdict
 from specdec.verify import Verdict
 
 
@@ -344,9 +345,11 @@ class BatchedEngine:
 
     def _launch(self, units: list[_Unit], plan: Plan, views: tuple[SequenceView, ...], load: int) -> _Flight:
         """Queue a step: one forward over every unit, then the rule over its verifies."""
+        trees = [None if u.draft is None else u.draft.row_parents for u in units]
         out = self.target.forward_ragged([u.seq.slot for u in units], [u.tokens for u in units],
                                          logits=[u.draft is not None for u in units],
-                                         features=[u.seq.layers for u in units])
+                                         features=[u.seq.layers for u in units],
+                                         **({"trees": trees} if any(t is not None for t in trees) else {}))
         rule = queue_rule([u.draft for u in units], [u.seq.config.sampling for u in units],
                           [u.seq.generator for u in units], out, [u.mask for u in units])
         return _Flight(units, out, rule, plan, views, load)
@@ -426,6 +429,8 @@ class BatchedEngine:
         drafts = propose_all([s.drafter for s in decoding], [s.context + f for s, f in zip(decoding, forced)], ks,
                              [s.config.sampling for s in decoding], [s.generator for s in decoding])
         drafted_at = time.perf_counter()
+        # A grammar walks chains: a constrained sequence verifies its tree's first path.
+        drafts = [d if c is None or d is None else d.first_path() for c, d in zip(constraints, drafts)]
         drafts, masks = fit_drafts(constraints, drafts, [s.generator for s in decoding])
         draft_of = {id(s): (d or empty_draft(self.target.device), m) for s, d, m in zip(decoding, drafts, masks)}
         units = []
@@ -464,7 +469,10 @@ class BatchedEngine:
                 continue
             tokens, reason = self._apply(seq, *rounds[i], features, rolled_ahead=id(seq) in ahead)
             if seq.config.logprobs is not None:  # only then: a read and a softmax more
-                tokens = with_logprobs(tokens, flight.out.logits_of(i), seq.config, unit.mask)
+                logits = flight.out.logits_of(i)
+                if isinstance(rounds[i][0], TreeVerdict):  # emitted token j came from the path's row j
+                    logits = logits[rounds[i][0].rows]
+                tokens = with_logprobs(tokens, logits, seq.config, unit.mask)
             results.append((unit, tokens, reason))
         return results
 
@@ -482,10 +490,16 @@ class BatchedEngine:
         """Keep the verdict's prefix: roll the slot and the drafter back, emit, check for a stop.
         rolled_ahead: the next plain step is already queued; the slot holds its token too, and this
         plain round has nothing to forget."""
-        if features is not None:  # the pending token and the kept drafts are now part of the text
-            seq.drafter.observe(features[: verdict.num_accepted + 1])
-        if not rolled_ahead:
-            self._rollback(seq, len(seq.context) + verdict.num_accepted)
+        if isinstance(verdict, TreeVerdict):  # the slot keeps the path's rows; the drafter forgets the tree
+            self.target.keep_rows(seq.slot, len(seq.context) - 1, verdict.rows)
+            seq.drafter.commit(len(seq.context))  # then observes the path (Drafter.commit)
+            if features is not None:
+                seq.drafter.observe(features[verdict.rows])
+        else:
+            if features is not None:  # the pending token and the kept drafts are now part of the text
+                seq.drafter.observe(features[: verdict.num_accepted + 1])
+            if not rolled_ahead:
+                self._rollback(seq, len(seq.context) + verdict.num_accepted)
         seq.pending = next_token.reshape(1)
         origins = [Origin.ACCEPTED] * verdict.num_accepted + [
             Origin.BONUS if verdict.all_accepted else Origin.RECOVERED]
