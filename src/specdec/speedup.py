@@ -54,3 +54,48 @@ def _check(alpha: float, k: int) -> None:
         raise InvalidRequestError(f"alpha must be in [0, 1], got {alpha}")
     if k < 1:
         raise InvalidRequestError(f"K must be >= 1, got {k}")
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """A draft tree's shape chosen for a rank profile: node j's parent (-1: the root), its sibling rank,
+    and its value, the chance that its path is kept. Nodes are in the order they were chosen, which is
+    topological, siblings by rank."""
+
+    parents: tuple[int, ...]
+    ranks: tuple[int, ...]
+    values: tuple[float, ...]
+
+    @property
+    def expected_tokens(self) -> float:
+        """tau of a round: the kept nodes' expected count, plus the one recovered or bonus token."""
+        return 1.0 + sum(self.values)
+
+
+def best_tree(profile: tuple[float, ...], nodes: int, max_depth: int = 16) -> TreePlan:
+    """The tree of at most `nodes` nodes (depth at most max_depth) that keeps the most tokens in
+    expectation when, at every depth independently, the target's next token is the draft's sibling of
+    rank i with probability profile[i] (and none of them with 1 - sum(profile)). A node's value is the
+    product of its path's rank probabilities; the nodes are taken best value first from the frontier of
+    the tree so far (a child is worth at most its parent, so the best set is closed under ancestors:
+    EAGLE-2's selection with calibrated probabilities). A chain is profile (alpha,): tau as
+    expected_tokens_per_round(alpha, nodes)."""
+    if nodes < 0 or not profile or any(p < 0 for p in profile) or sum(profile) > 1 + 1e-9:
+        raise InvalidRequestError(f"a rank profile needs probabilities summing to at most 1, got {profile}")
+    import heapq
+
+    frontier = [(-profile[0], 0, -1, 0, 1)]  # (-value, tie order, parent, rank, depth)
+    order = 1
+    parents, ranks, values, depth_of = [], [], [], []
+    while frontier and len(parents) < nodes:
+        neg, _, parent, rank, depth = heapq.heappop(frontier)
+        node = len(parents)
+        parents.append(parent), ranks.append(rank), values.append(-neg), depth_of.append(depth)
+        if rank + 1 < len(profile):  # its next sibling
+            heapq.heappush(frontier, (neg / profile[rank] * profile[rank + 1] if profile[rank] else 0.0, order,
+                                      parent, rank + 1, depth))
+            order += 1
+        if depth < max_depth:  # its first child
+            heapq.heappush(frontier, (neg * profile[0], order, node, 0, depth + 1))
+            order += 1
+    return TreePlan(tuple(parents), tuple(ranks), tuple(values))

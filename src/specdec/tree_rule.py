@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.sampling import sample
-from specdec.trees import depths
+from specdec.trees import node_depths
 from specdec.verify import Verdict, residual
 
 
@@ -154,7 +154,7 @@ def walk(values: Sequence[int], parents: Sequence[int], greedy: bool) -> tuple[T
         row = taken + 1
     next_token = values[row] if greedy else values[n + row]
     verdict = TreeVerdict(num_accepted=len(path), next_token=int(next_token), num_drafted=n, path=tuple(path),
-                          leaf=not kids[row], judged=judged, depth=max(depths((-1,) + tuple(p + 1 for p in parents))))
+                          leaf=not kids[row], judged=judged, depth=max(node_depths(parents), default=0))
     return verdict, [tokens[c] for c in path]
 
 

@@ -39,3 +39,8 @@ def path_rows(row_parents: Sequence[int], row: int) -> list[int]:
 
 def is_chain(row_parents: Sequence[int] | None) -> bool:
     return row_parents is None or all(p == r - 1 for r, p in enumerate(row_parents))
+
+
+def node_depths(parents: Sequence[int]) -> list[int]:
+    """Each draft node's depth (Draft.parents: -1 the root), the root's children at 1."""
+    return depths((-1,) + tuple(p + 1 for p in parents))[1:]

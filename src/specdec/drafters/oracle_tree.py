@@ -1,0 +1,116 @@
+"""Oracle tree drafter, for measuring what trees buy the engine rather than what a draft achieves.
+
+It knows the target's greedy continuation (recorded as OracleDrafter records it). Each round, at every
+depth independently, the true next token sits among the draft's children at sibling rank i with
+probability profile[i] (EAGLE-2's per-rank acceptance profiles), or at none of them. The tree's shape is
+speedup.best_tree(profile, k): the k nodes most likely to be kept, so its expected tau is the shape's
+expected_tokens, a prediction a measured run can be held to. A node on the true path whose rank was
+drawn gets the true token, every other node a wrong one. q is None: the tree is chosen independently of
+the rule's draws, which is all the one-hot rule needs to be exact at any temperature (though the
+profile is an acceptance rate only when decoding greedily). To pay what a real draft pays, it runs a
+draft model's forward over each depth's nodes (and throws the logits away). Every number it produces
+is an oracle measurement: label it so.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+
+from specdec.drafters.base import Draft, Drafter, empty_draft
+from specdec.drafters.oracle import record_greedy
+from specdec.models.base import CausalLM
+from specdec.sampling import SamplingParams
+from specdec.speedup import TreePlan, best_tree
+from specdec.transfers import token_tensor
+from specdec.trees import node_depths
+
+
+class OracleTreeDrafter(Drafter):
+    """Proposes best_tree(profile, k) with the truth placed by the profile; see the module docstring."""
+
+    def __init__(self, target: CausalLM, profile: tuple[float, ...], draft_model: CausalLM | None = None,
+                 max_depth: int = 8, horizon: int = 256, seed: int = 0):
+        best_tree(profile, 1)  # checks the profile
+        self.target, self.profile, self.draft_model = target, tuple(profile), draft_model
+        self.max_depth, self.horizon, self.seed = max_depth, horizon, seed
+        self.device, self.vocab_size = target.device, target.vocab_size
+        self.generator = torch.Generator().manual_seed(seed)  # host draws: a round's shape is host work anyway
+        self.name = f"oracle-tree(profile={','.join(f'{p:g}' for p in profile)})"
+        self._recorded: dict[tuple[int, ...], list[int]] = {}
+        self._shapes: dict[int, TreePlan] = {}
+        self._forks = itertools.count(1)
+        self._truth: list[int] = []
+        self._prompt_len = 0
+
+    def shape(self, nodes: int) -> TreePlan:
+        """The round's tree of `nodes` nodes (chosen once per size)."""
+        if nodes not in self._shapes:
+            self._shapes[nodes] = best_tree(self.profile, nodes, self.max_depth)
+        return self._shapes[nodes]
+
+    def begin(self, prompt: list[int]) -> None:
+        key = tuple(prompt)
+        if key not in self._recorded:
+            kept = self.target.cache_len  # the engine may have prefilled the target: record, then restore
+            self._recorded[key] = record_greedy(self.target, prompt, self.horizon)
+            if kept:
+                self.target.forward(token_tensor(prompt[:kept], self.device))
+        self._truth, self._prompt_len = self._recorded[key], len(prompt)
+        if self.draft_model is not None:
+            self.draft_model.reset()
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
+        offset = len(context) - self._prompt_len
+        if k < 1 or offset >= len(self._truth):
+            return empty_draft(self.device)
+        plan = self.shape(min(k, len(self._truth) - offset))
+        drawn = self._drawn_ranks(self.max_depth)
+        tokens, on_path = [], []
+        for parent, rank, depth in zip(plan.parents, plan.ranks, node_depths(plan.parents)):
+            true_here = (parent < 0 or on_path[parent]) and drawn[depth - 1] == rank and offset + depth <= len(self._truth)
+            on_path.append(true_here)
+            truth = self._truth[min(offset + depth - 1, len(self._truth) - 1)]
+            tokens.append(truth if true_here else self._wrong(truth))
+        if self.draft_model is not None:
+            self._pay_draft_cost(context, plan.parents, tokens)
+        return Draft(token_tensor(tokens, self.device), None, plan.parents)
+
+    def _drawn_ranks(self, n: int) -> list[int]:
+        """Per depth, the rank the truth sits at (len(profile): at none)."""
+        cumulative = torch.tensor(self.profile, dtype=torch.float64).cumsum(0)
+        u = torch.rand(n, generator=self.generator, dtype=torch.float64)
+        return torch.searchsorted(cumulative, u, right=True).tolist()
+
+    def _wrong(self, truth: int) -> int:
+        shift = int(torch.randint(1, self.vocab_size, (1,), generator=self.generator))
+        return (truth + shift) % self.vocab_size
+
+    def _pay_draft_cost(self, context: list[int], parents: tuple[int, ...], tokens: list[int]) -> None:
+        """A draft model's passes as a tree drafter runs them: the unseen text, then one pass a depth
+        over that depth's nodes; the model then forgets the round."""
+        model = self.draft_model
+        start = len(context) - 1
+        if model.cache_len < start:
+            model.extend(token_tensor(context[model.cache_len:start], self.device))
+        model.rollback(start)
+        level = node_depths(parents)
+        model.forward(token_tensor(context[-1:], self.device))
+        for depth in range(1, max(level, default=0)):
+            model.forward(token_tensor([t for t, d in zip(tokens, level) if d == depth], self.device))
+        model.rollback(start)
+
+    def commit(self, num_valid: int) -> None:
+        if self.draft_model is not None and self.draft_model.cache_len > num_valid:
+            self.draft_model.rollback(num_valid)
+
+    def fork(self) -> "OracleTreeDrafter":
+        if self.draft_model is not None:
+            return super().fork()  # its draft model holds one sequence's cache
+        # Draws of its own (the n-th fork's seed from this seed and n), as OracleDrafter.fork's.
+        seed = int(np.random.SeedSequence([self.seed, next(self._forks)]).generate_state(1)[0])
+        twin = OracleTreeDrafter(self.target, self.profile, None, self.max_depth, self.horizon, seed)
+        twin._recorded = self._recorded
+        return twin
