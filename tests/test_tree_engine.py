@@ -95,3 +95,18 @@ def test_the_slot_holds_exactly_the_text_after_each_tree_round():
         eng.step()
         if not handle.done:  # the slot holds the text but its newest token (fed first next round)
             assert slots.slots[0] == ([1, 2, 3] + handle.token_ids)[:-1]
+
+
+def test_each_tree_rounds_first_token_carries_its_tree_and_kept_path():
+    target, draft = pair(vocab=12)
+    eng = engine(target, MarkovTreeDrafter(draft, width=2, depth=3))
+    handle = eng.submit([1, 2, 3], GenerationConfig(max_new_tokens=30, k=6))
+    emitted = list(handle)
+    firsts = [t for i, t in enumerate(emitted) if i == 0 or t.round_index != emitted[i - 1].round_index]
+    trees = [t for t in emitted if t.tree is not None]
+    assert all(t in firsts for t in trees)  # only a round's first token carries it
+    assert len(trees) >= len(firsts) - 2  # the last rounds, short of room, may draft chains
+    for i, t in enumerate(emitted):
+        if t.tree is not None:  # the kept path's tokens are the round's first emitted ones
+            kept = [t.tree.tokens[j] for j in t.tree.path]
+            assert [e.token_id for e in emitted[i:i + len(kept)]] == kept

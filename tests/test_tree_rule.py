@@ -132,8 +132,8 @@ def test_walk_reads_kept_flags_and_row_draws():
     # kept: node 0 no, node 1 yes, nodes 2-3 never reached; draws per row (5 rows); tokens.
     values = [0, 1, 1, 1] + [10, 11, 12, 13, 14] + [7, 8, 9, 6]
     verdict, kept = walk(values, parents, greedy=False)
-    assert verdict == TreeVerdict(num_accepted=1, next_token=12, num_drafted=4, path=(1,), leaf=True, judged=2,
-                                   depth=2)
+    assert verdict == TreeVerdict(num_accepted=1, next_token=12, num_drafted=4, path=(1,), nodes=(7, 8, 9, 6),
+                                   parents=(-1, -1, 0, 0), leaf=True, judged=2, depth=2)
     assert kept == [8] and verdict.rows == [0, 2]
 
 

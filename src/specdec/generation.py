@@ -26,13 +26,26 @@ class Origin(str, Enum):
 class EmittedToken:
     """One emitted token. logprob and top_logprobs are filled only when the request asked for them
     (GenerationConfig.logprobs; the batched engine): the token's log-probability under the target's
-    p at its position, and the `logprobs` most likely tokens there as (id, log-probability)."""
+    p at its position, and the `logprobs` most likely tokens there as (id, log-probability). tree: on
+    the first token a tree round emitted, the round's draft tree and the path it kept (a live view
+    draws it), else None."""
 
     token_id: int
     origin: Origin
     round_index: int
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] | None = None
+    tree: "RoundTree | None" = None
+
+
+@dataclass(frozen=True)
+class RoundTree:
+    """A tree round's draft: node j's token and parent (-1: the root, the text's newest token), and the
+    nodes the rule kept, root's child first."""
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    path: tuple[int, ...]
 
 
 @dataclass(frozen=True)

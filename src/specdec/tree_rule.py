@@ -39,11 +39,13 @@ from specdec.verify import Verdict, residual
 
 @dataclass(frozen=True)
 class TreeVerdict(Verdict):
-    """How a tree round ended: the kept nodes `path` (the root's child first; num_accepted of them),
-    then next_token. leaf: the path ends at a node without children, so next_token is a bonus drawn
+    """How a tree round ended: the kept nodes `path` (the root's child first; num_accepted of them) of
+    the tree of `nodes` and `parents`, then next_token. leaf: the path ends at a node without children, so next_token is a bonus drawn
     from p (else a recovered token). judged: the children the rule tried (kept or rejected)."""
 
     path: tuple[int, ...] = ()
+    nodes: tuple[int, ...] = ()  # every node's token
+    parents: tuple[int, ...] = ()  # every node's parent (Draft.parents)
     leaf: bool = False
     judged: int = 0
     depth: int = 0  # the tree's deepest node's depth (the root's children are at 1)
@@ -154,7 +156,7 @@ def walk(values: Sequence[int], parents: Sequence[int], greedy: bool) -> tuple[T
         row = taken + 1
     next_token = values[row] if greedy else values[n + row]
     verdict = TreeVerdict(num_accepted=len(path), next_token=int(next_token), num_drafted=n, path=tuple(path),
-                          leaf=not kids[row], judged=judged, depth=max(node_depths(parents), default=0))
+                          nodes=tuple(tokens), parents=tuple(parents), leaf=not kids[row], judged=judged, depth=max(node_depths(parents), default=0))
     return verdict, [tokens[c] for c in path]
 
 

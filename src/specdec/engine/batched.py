@@ -34,7 +34,7 @@ from specdec.constraints.rounds import fit_drafts, grammar_drafts, start_constra
 from specdec.constraints.sequence import SequenceConstraint
 from specdec.engine.controller import Hook, Plan, RequestK, SequenceView, Speculation, StepRecord, StepTrace
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
-from specdec.generation import EmittedToken, GenerationConfig, Origin, SpecStats
+from specdec.generation import EmittedToken, GenerationConfig, Origin, RoundTree, SpecStats
 from specdec.errors import InvalidRequestError
 from specdec.models.slots import RaggedOutput, SlotModel
 from specdec.stops import TextStream
@@ -507,9 +507,10 @@ class BatchedEngine:
         tokens = kept + [verdict.next_token]
         if seq.constraint is not None:  # its matcher rolls back with the slot; the round ends with its grammar
             tokens = self._settle_constraint(seq, verdict, tokens)
+        tree = RoundTree(verdict.nodes, verdict.parents, verdict.path) if isinstance(verdict, TreeVerdict) else None
         for token, origin in zip(tokens, origins):
             seq.context.append(token)
-            emitted.append(EmittedToken(token, origin, stats.rounds))
+            emitted.append(EmittedToken(token, origin, stats.rounds, tree=None if emitted else tree))
             reason = self._finish_reason(seq)
             if reason:
                 break
