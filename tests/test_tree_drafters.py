@@ -2,6 +2,7 @@
 lookup+head merging both, and `tree:[SHAPE:]SPEC` in the registry."""
 
 import random
+from itertools import accumulate
 
 import pytest
 import torch
@@ -12,12 +13,14 @@ from specdec.drafters.combined import LookupThenHead
 from specdec.drafters.head_batch import _catch_up, head_trees, run_pairs
 from specdec.drafters.head_tree import _distribution
 from specdec.drafters.lookup import continuation_trie, lookup_continuations, lookup_draft
+from specdec.drafters.model import DraftSlots, ModelDrafter, SlotDrafter
 from specdec.drafters.tree_shape import GrownTree, TreeGrowth, TreeShape, merge_trees, parse_tree_shape
 from specdec.errors import DraftSpecError
 from specdec.models.cpu_matrix import linear
 from specdec.models.loader import LoadedModel
+from specdec.models.slots import LoopSlots, RaggedOutput
 from specdec.sampling import SamplingParams
-from specdec.trees import check_parents
+from specdec.trees import check_parents, path_rows
 from tests.conftest import VOCAB
 from tests.test_batch_drafters import untrained_head
 
@@ -255,3 +258,115 @@ def test_the_registry_names_trees_in_one_place(tiny_target):
         with pytest.raises(DraftSpecError):
             make_drafter(bad, target)
     assert isinstance(make_drafter("none", target), NoDrafter)
+
+
+# --- the draft model ---
+
+class PathByPath:
+    """A test's CausalLM with the models' tree contract, exact by construction: each tree row's
+    logits come from decoding its path alone (the cache's rows past the root are then causal
+    rows, which a drafter forgets at commit)."""
+
+    def __init__(self, model):
+        self.inner = model
+        self.name, self.vocab_size, self.device = model.name, model.vocab_size, model.device
+        self.max_length = model.max_length
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @property
+    def cache_len(self) -> int:
+        return self.inner.cache_len
+
+    def forward(self, tokens, tree=None):
+        if tree is None:
+            return self.inner.forward(tokens)
+        start, rows = self.inner.cache_len, []
+        for r in range(len(tokens)):
+            rows.append(self.inner.forward(tokens[path_rows(tree, r)])[-1])
+            self.inner.rollback(start)
+        self.inner.forward(tokens)
+        return torch.stack(rows)
+
+    def with_own_cache(self):
+        return PathByPath(self.inner.with_own_cache())
+
+
+class TreeLoopSlots(LoopSlots):
+    """LoopSlots passing each sequence's tree to its PathByPath model."""
+
+    def forward_ragged(self, slots, tokens, *, logits=None, features=None, trees=None):
+        if trees is None:
+            return super().forward_ragged(slots, tokens, logits=logits, features=features)
+        rows = [self._models[s].forward(t, tree=tree) for s, t, tree in zip(slots, tokens, trees)]
+        offsets = tuple(accumulate((r.shape[0] for r in rows), initial=0))
+        return RaggedOutput(torch.cat(rows), offsets, (None,) * len(slots))
+
+
+@torch.inference_mode()
+def path_score(model, context: list[int], path: list[int], params: SamplingParams) -> float:
+    """The draft's cumulative probability of `path` after context, decoding it one token at a time."""
+    model.reset()
+    logits, score = model.forward(torch.tensor(context))[-1], 1.0
+    for token in path:
+        score *= float(_distribution(logits, params)[token])
+        logits = model.forward(torch.tensor([token]))[-1]
+    return score
+
+
+def node_path(draft, j: int) -> list[int]:
+    out = []
+    while j >= 0:
+        out.insert(0, int(draft.tokens[j]))
+        j = draft.node_parents[j]
+    return out
+
+
+@pytest.mark.parametrize("params", [GREEDY, WARM], ids=["greedy", "sampled"])
+def test_draft_model_trees_score_each_path_as_decoding_it(tiny_draft, params):
+    drafter = ModelDrafter(PathByPath(tiny_draft.with_own_cache()), VOCAB).with_tree(TreeShape(3, 3, 2))
+    drafter.begin(CONTEXT)
+    draft = drafter.propose(CONTEXT, 7, params, None)
+    grown = model_tree_of(drafter, CONTEXT, 7, params)
+    assert grown.tokens == tuple(draft.tokens.tolist()) and draft.q is None
+    assert_valid(grown, 7)
+    for j in range(len(draft)):
+        expected = path_score(tiny_draft.with_own_cache(), CONTEXT, node_path(draft, j), params)
+        assert grown.scores[j] == pytest.approx(expected, rel=1e-4)
+
+
+def model_tree_of(drafter, context, k, params):
+    from specdec.drafters.model_tree import grow_model_tree
+
+    return grow_model_tree(drafter, context, k, params)
+
+
+@pytest.mark.parametrize("slots", [False, True], ids=["model", "slots"])
+def test_after_a_tree_round_the_draft_model_drafts_as_a_fresh_one(tiny_target, tiny_draft, slots):
+    def build():
+        model = ModelDrafter(PathByPath(tiny_draft.with_own_cache()), VOCAB).with_tree(TreeShape(3, 2, 2))
+        if slots:
+            return SlotDrafter(DraftSlots(TreeLoopSlots(model.model.with_own_cache, 2)), VOCAB, tree=model.tree).fork()
+        return model
+
+    rng, drafter, text = random.Random(2), build(), list(CONTEXT)
+    drafter.begin(text)
+    for _ in range(3):
+        draft = drafter.propose(text, 6, GREEDY, None)
+        text = kept_round(drafter, tiny_target, text, draft, rng)
+        fresh = build()
+        fresh.begin(list(text))
+        mine, theirs = drafter.propose(text, 6, GREEDY, None), fresh.propose(text, 6, GREEDY, None)
+        assert torch.equal(mine.tokens, theirs.tokens) and mine.parents == theirs.parents
+
+
+def test_a_chain_draft_model_is_unchanged_by_trees(tiny_draft):
+    chain = ModelDrafter(tiny_draft.with_own_cache(), VOCAB)
+    chain.begin(CONTEXT)
+    draft = chain.propose(CONTEXT, 4, GREEDY, None)
+    assert chain.tree is None and draft.parents is None
+    assert node_path(draft, 3) == [int(t) for t in draft.tokens]
+    one_branch = ModelDrafter(PathByPath(tiny_draft.with_own_cache()), VOCAB).with_tree(TreeShape(4, 1, 1))
+    one_branch.begin(CONTEXT)
+    assert torch.equal(one_branch.propose(CONTEXT, 4, GREEDY, None).tokens, draft.tokens)
