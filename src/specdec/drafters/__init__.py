@@ -11,6 +11,7 @@ from specdec.drafters.lookup import LookupDrafter, lookup_draft
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.registry import DEFAULT_DRAFT, DRAFT_KINDS, DraftKind, draft_help, make_drafter
+from specdec.drafters.tree_shape import TreeShape
 
 __all__ = ["DEFAULT_DRAFT", "DRAFT_KINDS", "Draft", "DraftKind", "Drafter", "LookupDrafter", "ModelDrafter",
-           "NoDrafter", "draft_help", "lookup_draft", "make_drafter"]
+           "NoDrafter", "TreeShape", "draft_help", "lookup_draft", "make_drafter"]

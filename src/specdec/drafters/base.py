@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from specdec.drafters.tree_shape import TreeShape
 from specdec.sampling import SamplingParams
 from specdec.trees import check_parents
 
@@ -76,6 +77,7 @@ class Drafter(ABC):
     needs_target_features: bool = False  # True: the engine calls observe() with the target's features
     feature_layers: tuple[int, ...] = ()  # which layers' outputs come with them (CausalLM.forward_with_hidden)
     drafts_nothing: bool = False  # True: every round is one plain step (the engine may queue steps ahead)
+    tree: TreeShape | None = None  # None: it drafts chains; else trees of this shape (k: the node budget)
 
     def begin(self, prompt: list[int]) -> None:
         """A new sequence starts with these prompt tokens."""
@@ -118,6 +120,14 @@ class Drafter(ABC):
 
         raise DraftSpecError(f"the {self.name} draft cannot draft for several sequences at once "
                                    "(it holds one sequence's state): choose lookup, a head or a draft model")
+
+    def with_tree(self, shape: TreeShape) -> "Drafter":
+        """A drafter of this kind that drafts trees of `shape` (its `tree`), sharing what was loaded
+        but none of this one's per-sequence state; a kind that drafts chains only refuses."""
+        from specdec.errors import DraftSpecError
+
+        raise DraftSpecError(f"the {self.name} draft drafts chains only: draft trees with lookup, a head, "
+                             "lookup+head or a draft model")
 
     def warm_up(self) -> None:
         """Prepare what its first drafts would otherwise prepare mid-run (a draft slot model's CUDA

@@ -19,7 +19,9 @@ import torch
 
 from specdec.drafters.base import Draft, Drafter, empty_draft, propose_all
 from specdec.drafters.head import HeadDrafter, load_head_drafter, read_head_card, target_identity
+from specdec.drafters.head_batch import head_trees
 from specdec.drafters.lookup import LookupDrafter
+from specdec.drafters.tree_shape import GrownTree, TreeShape, merge_trees
 from specdec.errors import DraftSpecError, ModelLoadError
 from specdec.sampling import SamplingParams
 
@@ -49,14 +51,58 @@ class LookupThenHead(Drafter):
         self.head.commit(num_valid)
 
     def fork(self) -> "LookupThenHead":
-        return LookupThenHead(self.lookup.fork(), self.head.fork(), self.name, self.min_match, self.head_max,
+        twin = LookupThenHead(self.lookup.fork(), self.head.fork(), self.name, self.min_match, self.head_max,
                               self.sampled)
+        twin.tree = self.tree
+        return twin
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
         return self.propose_batch([self], [context], [k], [params], [generator])[0]
 
+    def with_tree(self, shape: TreeShape) -> "LookupThenHead":
+        """Trees of `shape`: lookup's trie of matched continuations (after a match of min_match
+        tokens) first, then the head's EAGLE-2 tree merged into it (a path both hold is one path),
+        at most k nodes in all; the head's chain limits (head_max) do not apply, k is the budget."""
+        twin = LookupThenHead(self.lookup.with_tree(shape), self.head.with_tree(shape), f"tree:{shape}:{self.name}",
+                              self.min_match, self.head_max, self.sampled)
+        twin.tree = shape
+        return twin
+
     @classmethod
     def propose_batch(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
+        """Chains and trees, each kind together (a batch may hold both)."""
+        out: list[Draft | None] = [None] * len(drafters)
+        for how, trees in ((cls._chains, False), (cls._trees, True)):
+            members = [i for i, d in enumerate(drafters) if (d.tree is not None) == trees]
+            if members:
+                drafts = how([drafters[i] for i in members], [contexts[i] for i in members], [ks[i] for i in members],
+                             [params[i] for i in members], [generators[i] for i in members])
+                for i, draft in zip(members, drafts):
+                    out[i] = draft
+        return out
+
+    @classmethod
+    def _trees(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
+        """Each sequence's lookup trie (when it matched enough) merged with its head's tree (all the
+        heads' trees grown together, head_batch.py) into one tree of at most ks[i] nodes."""
+        found = [d._looked_up_tree(c, k, sp) for d, c, k, sp in zip(drafters, contexts, ks, params)]
+        left = [i for i, tree in enumerate(found) if len(tree.tokens) < ks[i]]
+        heads = head_trees([drafters[i].head for i in left], [contexts[i] for i in left], [ks[i] for i in left],
+                           [params[i] for i in left])
+        for i, tree in zip(left, heads):
+            found[i] = merge_trees(found[i], tree, ks[i])
+        return [d.lookup.tree_draft(tree) for d, tree in zip(drafters, found)]
+
+    def _looked_up_tree(self, context: list[int], k: int, params: SamplingParams) -> GrownTree:
+        """Lookup's trie when it matched min_match tokens or more (and may draft), else an empty tree."""
+        if params.greedy or self.sampled[0]:
+            matched, tree = self.lookup.find_tree(context, k)
+            if matched >= self.min_match:
+                return tree
+        return GrownTree((), (), ())
+
+    @classmethod
+    def _chains(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
         """Lookup per sequence; the sequences it leaves to the head draft together (head_batch.py)."""
         out: list[Draft | None] = []
         for drafter, context, k, sp in zip(drafters, contexts, ks, params):

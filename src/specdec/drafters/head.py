@@ -29,6 +29,7 @@ from torch import nn
 
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.head_policy import HeadCard, HeadPolicy, TargetIdentity, card_from_metadata, card_metadata
+from specdec.drafters.tree_shape import TreeShape
 from specdec.errors import InvalidRequestError, ModelLoadError
 from specdec.models.base import check_feature_layers
 from specdec.models.cpu_matrix import CpuLayout, CpuMatrix, can_pack
@@ -299,6 +300,8 @@ class HeadDrafter(Drafter):
             raise ValueError(f"min_confidence must be in [0, 1), got {min_confidence}")
         self.min_confidence = min_confidence
         self.policy = policy or HeadPolicy()  # how it drafts beside lookup (LookupThenHead reads it)
+        self.tree: TreeShape | None = None  # None: chains; else EAGLE-2 trees of this shape (head_tree.py)
+        self.vocab_list = head.vocab_ids.tolist()  # the drafted ids on the host, for trees' host-side growth
         self.device = parts.embed.device
         self.lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D] runtime copy of the drafted rows
         # On a CPU the drafted rows are held transposed, the faster single-row layout (CpuMatrix).
@@ -333,6 +336,13 @@ class HeadDrafter(Drafter):
         clone = copy.copy(self)
         clone._k, clone._v = torch.zeros_like(self._k), torch.zeros_like(self._v)
         clone.begin([])
+        return clone
+
+    def with_tree(self, shape: TreeShape) -> "HeadDrafter":
+        """This head drafting EAGLE-2 dynamic trees of `shape` (head_tree.py), with a cache of its own."""
+        clone = self.fork()
+        clone.tree = shape
+        clone.name = f"tree:{shape}:{self.name}"
         return clone
 
     def ready_for(self, context: list[int], k: int) -> bool:

@@ -18,6 +18,8 @@ import torch
 
 from specdec.drafters.base import Draft, empty_draft
 from specdec.drafters.head import rope_tables
+from specdec.drafters.head_tree import grow_head_trees
+from specdec.drafters.tree_shape import GrownTree
 from specdec.errors import InvalidRequestError
 from specdec.models.cpu_matrix import linear
 from specdec.models.llama_net import rms_norm
@@ -28,19 +30,45 @@ from specdec.transfers import pick, token_tensor
 @torch.inference_mode()
 def draft_heads(drafters, contexts, ks, params, generators) -> list[Draft]:
     """drafters[i] (HeadDrafters) drafts up to ks[i] tokens after contexts[i]; those sharing one
-    head draft together, the others in groups of their own head."""
+    head draft together, the others in groups of their own head. A drafter with a tree shape drafts
+    a tree of at most ks[i] nodes (head_trees), q None: its nodes are chosen by rank."""
     out = [empty_draft(d.device) for d in drafters]
-    groups: dict[int, list[int]] = {}
-    for i, (drafter, context, k) in enumerate(zip(drafters, contexts, ks)):
-        if drafter.ready_for(context, k):
-            groups.setdefault(id(drafter.head), []).append(i)
-    for members in groups.values():
+    for members in _by_head(drafters, contexts, ks, trees=False):
         drafts = _draft_group([drafters[i] for i in members], [contexts[i] for i in members],
                               [ks[i] for i in members], [params[i] for i in members],
                               [generators[i] for i in members])
         for i, draft in zip(members, drafts):
             out[i] = draft
+    growing = [i for i, d in enumerate(drafters) if d.tree is not None]
+    trees = head_trees([drafters[i] for i in growing], [contexts[i] for i in growing], [ks[i] for i in growing],
+                       [params[i] for i in growing])
+    for i, tree in zip(growing, trees):
+        if tree.tokens:
+            out[i] = Draft(token_tensor(list(tree.tokens), drafters[i].device), None, tree.parents)
     return out
+
+
+@torch.inference_mode()
+def head_trees(drafters, contexts, ks, params) -> list[GrownTree]:
+    """drafters[i] (HeadDrafters with a tree shape) grows an EAGLE-2 tree of at most ks[i] nodes
+    after contexts[i] (head_tree.py; empty where it cannot draft), with its scores; those sharing
+    one head grow together, one head pass a depth."""
+    out = [GrownTree((), (), ()) for _ in drafters]
+    for members in _by_head(drafters, contexts, ks, trees=True):
+        group = [drafters[i] for i in members]
+        _catch_up(group, [contexts[i] for i in members])
+        for i, tree in zip(members, grow_head_trees(group, [ks[i] for i in members], [params[i] for i in members])):
+            out[i] = tree
+    return out
+
+
+def _by_head(drafters, contexts, ks, trees: bool) -> list[list[int]]:
+    """Indices of the drafters ready to draft, chains or trees as asked, grouped by their head."""
+    groups: dict[int, list[int]] = {}
+    for i, (drafter, context, k) in enumerate(zip(drafters, contexts, ks)):
+        if (drafter.tree is not None) == trees and drafter.ready_for(context, k):
+            groups.setdefault(id(drafter.head), []).append(i)
+    return list(groups.values())
 
 
 def _draft_group(drafters, contexts, ks, params, generators) -> list[Draft]:

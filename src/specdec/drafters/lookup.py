@@ -6,6 +6,7 @@ import torch
 
 from specdec.transfers import token_tensor
 from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.tree_shape import GrownTree, TreeShape, keep_best
 from specdec.sampling import SamplingParams
 
 
@@ -38,6 +39,49 @@ def lookup_draft(seq: list[int], k: int, max_ngram: int = 3) -> list[int]:
     return lookup_match(seq, k, max_ngram)[1]
 
 
+def lookup_continuations(seq: list[int], length: int, branches: int,
+                         max_ngram: int = 3) -> tuple[int, list[list[int]]]:
+    """(n, what followed the earlier occurrences of the last n tokens, up to `length` tokens each),
+    most recent first, until `branches` distinct continuations are found (repeats of one are kept:
+    they count as evidence). n as in lookup_match: the longest tail with an earlier occurrence.
+
+    >>> lookup_continuations([1, 2, 7, 1, 2, 8, 9, 1, 2], length=2, branches=3)
+    (2, [[8, 9], [7, 1]])
+    """
+    matched, _ = lookup_match(seq, 1, max_ngram)
+    found: list[list[int]] = []
+    if matched == 0:
+        return 0, found
+    end, tail = len(seq), seq[len(seq) - matched:]
+    for start in range(end - matched - 1, -1, -1):
+        if seq[start:start + matched] == tail:
+            found.append(seq[start + matched:start + matched + length])
+            if len({tuple(c) for c in found}) == branches:
+                break
+    return matched, found
+
+
+def continuation_trie(continuations: list[list[int]], budget: int) -> GrownTree:
+    """The continuations merged into a trie (a shared prefix is one path), its best `budget` nodes:
+    a node's score is how many continuations pass through it (ties: the shallower, then the more
+    recent), so siblings are tried most frequent first."""
+    at: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    tokens: list[int] = []
+    parents: list[int] = []
+    counts: list[float] = []
+    for continuation in continuations:
+        parent = -1
+        for token in continuation:
+            if (parent, token) not in at:
+                at[parent, token] = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+                counts.append(0.0)
+            parent = at[parent, token]
+            counts[parent] += 1.0
+    return keep_best(tokens, parents, counts, budget)
+
+
 def draft_length(matched: int, k: int, max_ngram: int) -> int:
     """How many of the found tokens to draft: a full max_ngram match earns all k, a shorter match of
     n tokens only n. A short match is weak evidence, and on a CPU every drafted row costs verify
@@ -66,11 +110,33 @@ class LookupDrafter(Drafter):
             found = found[:draft_length(matched, k, self.max_ngram)]
         return matched, found
 
+    def find_tree(self, context: list[int], k: int) -> tuple[int, GrownTree]:
+        """(length of the matched tail, the trie of up to k nodes this drafter would propose): up to
+        tree.branch continuations of up to tree.depth tokens each (adaptive: as draft_length says)."""
+        shape = self.tree or TreeShape()
+        matched, found = lookup_continuations(context, shape.depth, shape.branch, self.max_ngram)
+        if self.adaptive:
+            found = [c[:draft_length(matched, shape.depth, self.max_ngram)] for c in found]
+        return matched, continuation_trie(found, k)
+
     def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
+        if self.tree is not None:
+            return self.tree_draft(self.find_tree(context, k)[1])
         return self.draft_of(self.find(context, k)[1])
 
     def fork(self) -> "LookupDrafter":
-        return LookupDrafter(self.device, self.max_ngram, self.adaptive)  # it keeps no per-sequence state
+        twin = LookupDrafter(self.device, self.max_ngram, self.adaptive)  # it keeps no per-sequence state
+        twin.tree = self.tree
+        return twin
+
+    def with_tree(self, shape: TreeShape) -> "LookupDrafter":
+        """Lookup drafting several matched continuations as branches of a trie (find_tree)."""
+        twin = self.fork()
+        twin.tree, twin.name = shape, f"tree:{shape}:{self.name}"
+        return twin
+
+    def tree_draft(self, tree: GrownTree) -> Draft:
+        return Draft(token_tensor(list(tree.tokens), self.device), None, tree.parents)
 
     def draft_of(self, tokens: list[int]) -> Draft:
         return Draft(token_tensor(tokens, self.device))

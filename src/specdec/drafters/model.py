@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 
 from specdec.transfers import token_tensor
 from specdec.drafters.base import Draft, Drafter, empty_draft
+from specdec.drafters.tree_shape import GrownTree, TreeShape
 from specdec.errors import DraftSpecError, InvalidRequestError
 from specdec.models.base import CausalLM
 from specdec.models.slots import SlotModel
@@ -42,6 +43,10 @@ class ModelDrafter(Drafter):
     ) -> Draft:
         if k < 1:
             return empty_draft(self.model.device)
+        if self.tree is not None:
+            from specdec.drafters.model_tree import grow_model_tree
+
+            return tree_draft(grow_model_tree(self, context, k, params), self.model.device)
         fresh = catch_up(self.model, self._tensor(context[self.model.cache_len:]))
         tokens, qs = [], []
         for _ in range(k):
@@ -66,13 +71,23 @@ class ModelDrafter(Drafter):
         if not hasattr(self.model, "with_own_cache"):
             raise DraftSpecError(f"the draft {self.name} holds one sequence's cache: for several sequences "
                                  "build it over a slot model (SlotDrafter)")
-        return ModelDrafter(self.model.with_own_cache(), self.vocab_size, self.name)
+        return ModelDrafter(self.model.with_own_cache(), self.vocab_size, self.name).tree_of(self.tree)
+
+    def with_tree(self, shape: TreeShape) -> "ModelDrafter":
+        """EAGLE-2 trees of `shape` from this model (model_tree.py): its top-`branch` tokens per node.
+        It drafts over this one's model and cache (one sequence's): use one of the two."""
+        return ModelDrafter(self.model, self.vocab_size, f"tree:{shape}:{self.name}").tree_of(shape)
+
+    def tree_of(self, shape: TreeShape | None) -> "ModelDrafter":
+        self.tree = shape
+        return self
 
     def for_batch(self, max_slots: int, max_length: int | None = None) -> "SlotDrafter":
         """The same drafts over a slot model of its weights, each sequence in a slot of its own."""
         from specdec.models.slots import slot_model_for
 
-        return SlotDrafter(DraftSlots(slot_model_for(self.model, max_slots, max_length)), self.vocab_size, self.name)
+        slots = DraftSlots(slot_model_for(self.model, max_slots, max_length))
+        return SlotDrafter(slots, self.vocab_size, self.name, self.tree)
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
         return fit_logits(logits, self.vocab_size)
@@ -81,12 +96,17 @@ class ModelDrafter(Drafter):
         return token_tensor(ids, self.model.device)
 
 
+def tree_draft(tree: GrownTree, device: torch.device) -> Draft:
+    """A tree whose nodes were chosen by rank (q None: one-hot per node)."""
+    return Draft(token_tensor(list(tree.tokens), device), None, tree.parents)
+
+
 def fit_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Pad or cut a draft's logits [V_draft] to the target's width vocab_size."""
+    """Pad or cut a draft's logits [..., V_draft] to the target's width vocab_size."""
     extra = vocab_size - logits.shape[-1]
     if extra > 0:
-        return torch.cat([logits, logits.new_full((extra,), float("-inf"))])
-    return logits[:vocab_size]
+        return torch.cat([logits, logits.new_full((*logits.shape[:-1], extra), float("-inf"))], dim=-1)
+    return logits[..., :vocab_size]
 
 
 class DraftSlots:
@@ -194,14 +214,18 @@ class SlotDrafter(Drafter):
     """ModelDrafter's drafts over a slot of a shared draft slot model: a batch of sequences drafts
     with one forward_ragged a draft step. fork() gives another sequence a drafter on the same pool."""
 
-    def __init__(self, pool: DraftSlots, vocab_size: int, name: str | None = None):
+    def __init__(self, pool: DraftSlots, vocab_size: int, name: str | None = None, tree: TreeShape | None = None):
         self.pool, self.vocab_size = pool, vocab_size
         self.name = name or pool.model.name
         self.lease = DraftLease(pool)
         self.device = pool.model.device
+        self.tree = tree  # None: chains; else trees of this shape, one forward_ragged a depth (model_tree.py)
 
     def fork(self) -> "SlotDrafter":
-        return SlotDrafter(self.pool, self.vocab_size, self.name)
+        return SlotDrafter(self.pool, self.vocab_size, self.name, self.tree)
+
+    def with_tree(self, shape: TreeShape) -> "SlotDrafter":
+        return SlotDrafter(self.pool, self.vocab_size, f"tree:{shape}:{self.name}", shape)
 
     def warm_up(self) -> None:
         self.pool.warm_up()
@@ -219,8 +243,26 @@ class SlotDrafter(Drafter):
         return self.propose_batch([self], [context], [k], [params], [generator])[0]
 
     @classmethod
-    @torch.inference_mode()
     def propose_batch(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
+        """Chains through step_together, trees (model_tree.py) together by pool, one pass a depth."""
+        from specdec.drafters.model_tree import grow_slot_trees
+
+        out = cls._chains(*(_members(values, lambda d: d.tree is None, drafters)
+                            for values in (drafters, contexts, ks, params, generators)))
+        out = iter(out)
+        drafts = [None if d.tree is not None else next(out) for d in drafters]
+        growing = [i for i, d in enumerate(drafters) if d.tree is not None and ks[i] > 0]
+        for group in by_pool([drafters[i].lease for i in growing]):
+            members = [growing[j] for j in group]
+            trees = grow_slot_trees([drafters[i] for i in members], [contexts[i] for i in members],
+                                    [ks[i] for i in members], [params[i] for i in members])
+            for i, tree in zip(members, trees):
+                drafts[i] = tree_draft(tree, drafters[i].device)
+        return [draft if draft is not None else empty_draft(d.device) for d, draft in zip(drafters, drafts)]
+
+    @classmethod
+    @torch.inference_mode()
+    def _chains(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
         tokens: list[list[torch.Tensor]] = [[] for _ in drafters]
         qs: list[list[torch.Tensor]] = [[] for _ in drafters]
 
@@ -240,3 +282,8 @@ class SlotDrafter(Drafter):
                           [ks[i] for i in group], lambda j, step, logits, g=group: choose(g[j], step, logits))
         return [Draft(torch.stack(t), torch.stack(q) if q else None) if t else empty_draft(d.device)
                 for d, t, q in zip(drafters, tokens, qs)]
+
+
+def _members(values: Sequence, keep: Callable, drafters: Sequence) -> list:
+    """values[i] for the drafters that `keep` picks."""
+    return [v for v, d in zip(values, drafters) if keep(d)]

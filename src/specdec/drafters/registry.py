@@ -15,7 +15,8 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
 from specdec.drafters.none import NoDrafter
-from specdec.errors import ModelLoadError, UnsupportedHereError
+from specdec.drafters.tree_shape import TreeShape, is_tree_shape, parse_tree_shape
+from specdec.errors import DraftSpecError, ModelLoadError, UnsupportedHereError
 
 DEFAULT_DRAFT = "auto"  # what `specdec generate` and `specdec serve` draft with unless told otherwise
 
@@ -51,6 +52,18 @@ def model_drafter(target, name: str, dtype: str | None = None, megakernel: bool 
     return ModelDrafter(draft.model, target.model.vocab_size, name=draft.name)
 
 
+def tree_drafter(target, arg: str, dtype: str | None = None) -> Drafter:
+    """`tree:[SHAPE:]SPEC`: the draft SPEC names, drafting trees of SHAPE (DEPTHxBRANCH[xWIDTH],
+    default TreeShape()) instead of chains, k nodes a round. The one place a draft becomes a tree draft."""
+    first, sep, rest = arg.partition(":")
+    shape_text, inner = (first, rest) if sep and is_tree_shape(first) else ("", arg)
+    if not inner or is_tree_shape(inner):
+        raise DraftSpecError(f"`tree:{arg}` names no draft: write tree:[DEPTHxBRANCH[xWIDTH]:]SPEC, e.g. tree:auto "
+                             "or tree:6x4:lookup")
+    kind, inner_arg = find_kind(inner)
+    return kind.build(target, inner_arg, dtype=dtype).with_tree(parse_tree_shape(shape_text))
+
+
 def _self(precision: str, kernel: str = "auto") -> Factory:
     return lambda target, arg, dtype=None: quantized.self_drafter(target, precision, kernel)
 
@@ -66,6 +79,9 @@ DRAFT_KINDS: tuple[DraftKind, ...] = (
               "a draft head file alone (MIN_CONF: end a round when the head's confidence drops below it)"),
     DraftKind("lookup+head:PATH[:MIN_CONF]", lambda target, arg, dtype=None: combined.lookup_head_drafter(target, arg),
               "lookup after a match of 2+ tokens, else the head, as many tokens as the head's policy says"),
+    DraftKind("tree:[SHAPE:]SPEC", tree_drafter,
+              "SPEC (lookup, a head, lookup+head, auto or a model) drafting trees of SHAPE DEPTHxBRANCH[xWIDTH] "
+              f"(default {TreeShape()}) instead of chains"),
     DraftKind("self-int8", _self("int8"), "an int8 copy of the target (weights per output channel)"),
     DraftKind("self-int4", _self("int4"), "an int4 copy of the target (weights per group of 32)"),
     DraftKind("self-bf16", _self("bf16"), "a bf16 copy of the target"),
