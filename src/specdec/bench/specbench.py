@@ -38,6 +38,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the first question (default: %(default)s)")
     p.add_argument("--hf-baseline", action="store_true",
                    help="also time transformers model.generate() (greedy) on the same target")
+    p.add_argument("--versus", default=None, metavar="DRAFT",
+                   help="a second draft run on every question in the same alternation (e.g. chains against "
+                        "trees: --draft tree:auto -k 16 --versus auto --versus-k 4)")
+    p.add_argument("--versus-k", type=positive_int, default=None, help="the second draft's K (default: -k)")
     p.set_defaults(func=run)
 
 
@@ -131,15 +135,17 @@ def run(args: argparse.Namespace) -> int:
     SamplingParams(temperature=args.temperature)  # a bad temperature fails before the model loads
     target = load_target(args)
     plain, spec = runtime_pair(target, args.draft)
+    runtimes = {"plain": (plain, args.k), "spec": (spec, args.k)}
+    if args.versus:
+        runtimes["versus"] = (runtime_pair(target, args.versus)[1], args.versus_k or args.k)
     hf = HFGenerate(target, args) if args.hf_baseline else None
     totals: dict[str, dict] = {}
     for i, q in enumerate(progress(questions, desc=f"specbench ({args.draft})")):
         sampling = SamplingParams(temperature=args.temperature, seed=args.seed + i)
-        config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=args.k, sampling=sampling)
         ids = plain.encode(q["turns"][0])
-        bucket = totals.setdefault(q["category"], {"n": 0, "plain": RunTotals(), "spec": RunTotals(), "hf": [0, 0.0]})
+        bucket = totals.setdefault(q["category"], {"n": 0, "hf": [0, 0.0], **{job: RunTotals() for job in runtimes}})
         bucket["n"] += 1
-        jobs = ["plain", "spec"] + (["hf"] if hf else [])
+        jobs = list(runtimes) + (["hf"] if hf else [])
         shift = i % len(jobs)  # rotate which runs first: A/B alternation
         for job in jobs[shift:] + jobs[:shift]:
             if job == "hf":
@@ -147,10 +153,22 @@ def run(args: argparse.Namespace) -> int:
                 bucket["hf"][0] += n
                 bucket["hf"][1] += seconds
             else:
-                runtime = plain if job == "plain" else spec
+                runtime, k = runtimes[job]
+                config = GenerationConfig(max_new_tokens=args.max_new_tokens, k=k, sampling=sampling)
                 bucket[job].add(runtime.engine.generate(ids, config).stats)
-    report(args, target, spec, totals, hf is not None)
+    data = report(args, target, spec, totals, hf is not None)
+    if args.versus:
+        versus = report(args, target, runtimes["versus"][0], totals, False, job="versus", k=runtimes["versus"][1])
+        _compare(data, versus)
     return 0
+
+
+def _compare(first: dict, second: dict) -> None:
+    """One line: the first draft against the second, measured on the same questions in one run."""
+    a, b = first["overall"], second["overall"]
+    print(f"{first['draft']} (K={first['k']}) against {second['draft']} (K={second['k']}), same questions, "
+          f"one run: tau {a['tau']:.2f} / {b['tau']:.2f}, speedup {a['speedup']:.2f}x / {b['speedup']:.2f}x, "
+          f"ratio {a['speedup'] / b['speedup']:.3f}" if b["speedup"] else "")
 
 
 def _row(name: str, n: int, plain, spec, hf: list | None) -> dict:
@@ -167,15 +185,17 @@ def _row(name: str, n: int, plain, spec, hf: list | None) -> dict:
     return row
 
 
-def report(args, target, spec, totals: dict, with_hf: bool) -> None:
+def report(args, target, spec, totals: dict, with_hf: bool, job: str = "spec", k: int | None = None) -> dict:
+    """Print, plot and save one draft's results (totals[category][job]) against plain; returns the JSON data."""
     from specdec.bench.common import RunTotals, finish, new_figure, precision_of, print_table, save_plot
     from specdec.bench.scoreboard import ScoreRow
 
+    k = args.k if k is None else k
     rows, all_plain, all_spec, all_hf, count = [], RunTotals(), RunTotals(), [0, 0.0], 0
     for cat, b in totals.items():
-        rows.append(_row(cat, b["n"], b["plain"], b["spec"], b["hf"] if with_hf else None))
+        rows.append(_row(cat, b["n"], b["plain"], b[job], b["hf"] if with_hf else None))
         all_plain.merge(b["plain"])
-        all_spec.merge(b["spec"])
+        all_spec.merge(b[job])
         all_hf[0] += b["hf"][0]
         all_hf[1] += b["hf"][1]
         count += rows[-1]["questions"]
@@ -185,7 +205,7 @@ def report(args, target, spec, totals: dict, with_hf: bool) -> None:
     if with_hf:
         columns += ["plain e2e tok/s", "HF generate() tok/s", "plain/HF"]
     mode = "greedy" if args.temperature == 0 else f"T={args.temperature:g}"
-    print_table(f"Spec-Bench: {target.name} + {spec.drafter.name}, K={args.k}, {mode}, "
+    print_table(f"Spec-Bench: {target.name} + {spec.drafter.name}, K={k}, {mode}, "
                 f"{args.max_new_tokens} new tokens max", columns,
                 [[r["category"], r["questions"], r["tau"], r["alpha_judged"], r["plain_tokens_per_second"],
                   r["tokens_per_second"],
@@ -201,15 +221,17 @@ def report(args, target, spec, totals: dict, with_hf: bool) -> None:
     ax.bar([r["category"] for r in rows], [r["speedup"] for r in rows], color="tab:green")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_ylabel("speedup over plain decoding")
-    ax.set_title(f"Spec-Bench, {spec.drafter.name} (K={args.k}) on {target.name}")
+    ax.set_title(f"Spec-Bench, {spec.drafter.name} (K={k}) on {target.name}")
     ax.tick_params(axis="x", labelrotation=45)
-    plot = save_plot(fig, args.out_dir, "specbench")
-    data = {"command": "specbench", "target": target.name, "draft": spec.drafter.name, "k": args.k,
+    name = "specbench" if job == "spec" else f"specbench-{job}"
+    plot = save_plot(fig, args.out_dir, name)
+    data = {"command": "specbench", "target": target.name, "draft": spec.drafter.name, "k": k,
             "temperature": args.temperature, "seed": args.seed,
             "precision": precision_of(target), "max_new_tokens": args.max_new_tokens,
             "per_category": args.per_category, "categories": rows, "overall": overall,
             "weighted_to_question_file": weighted, "plot": str(plot)}
-    finish(args, "specbench", data, ScoreRow(
-        target=target.name, draft=spec.drafter.name, k=str(args.k), precision=data["precision"],
+    finish(args, name, data, ScoreRow(
+        target=target.name, draft=spec.drafter.name, k=str(k), precision=data["precision"],
         tokens_per_second=overall["tokens_per_second"], speedup=overall["speedup"], tau=overall["tau"],
         alpha=overall["alpha"]))
+    return data

@@ -114,3 +114,20 @@ class OracleTreeDrafter(Drafter):
         twin = OracleTreeDrafter(self.target, self.profile, None, self.max_depth, self.horizon, seed)
         twin._recorded = self._recorded
         return twin
+
+
+def oracle_tree_drafter(target, arg: str, dtype=None) -> Drafter:
+    """`oracle-tree:P0,P1,...[:DRAFT]`: the truth at sibling rank i with probability Pi (DRAFT: the
+    model whose passes each depth pays)."""
+    from specdec.errors import DraftSpecError, InvalidRequestError
+    from specdec.models.loader import load_model
+
+    profile_text, _, model_name = arg.partition(":")
+    try:
+        profile = tuple(float(x) for x in profile_text.split(","))
+        best_tree(profile, 1)
+    except (ValueError, InvalidRequestError):
+        raise DraftSpecError("oracle-tree needs a rank profile of probabilities summing to at most 1: "
+                             f"oracle-tree:P0,P1,...[:DRAFT], got oracle-tree:{arg}") from None
+    draft = load_model(model_name, device=str(target.model.device), dtype=dtype).model if model_name else None
+    return OracleTreeDrafter(target.model, profile, draft)

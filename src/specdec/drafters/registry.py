@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from specdec.drafters import combined, oracle, quantized
+from specdec.drafters import combined, oracle, oracle_tree, quantized
 from specdec.drafters.base import Drafter
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.model import ModelDrafter
@@ -90,6 +90,9 @@ DRAFT_KINDS: tuple[DraftKind, ...] = (
     DraftKind("self-int8-dynamic", _self("int8", "dynamic"), "int8 weights and activations (FBGEMM, CPU only)"),
     DraftKind("oracle:ALPHA[:DRAFT]", lambda target, arg, dtype=None: oracle.oracle_drafter(target, arg, dtype),
               "engine benchmarks: the target's own continuation, kept with probability ALPHA, at DRAFT's cost"),
+    DraftKind("oracle-tree:P0,P1,...[:DRAFT]", lambda target, arg, dtype=None: oracle_tree.oracle_tree_drafter(
+        target, arg, dtype), "engine benchmarks: trees with the target's own continuation at sibling rank i with "
+              "probability Pi (best_tree's shape), at DRAFT's cost"),
     DraftKind("megakernel:MODEL", lambda target, arg, dtype=None: model_drafter(target, arg, dtype, megakernel=True),
               "MODEL's single-token steps as one CUDA kernel (Hopper GPUs, bf16)"),
     DraftKind("MODEL", lambda target, arg, dtype=None: model_drafter(target, arg, dtype),
