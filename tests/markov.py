@@ -9,6 +9,7 @@ rollback bugs change the output.
 import torch
 
 from specdec.models.base import CausalLM
+from specdec.models.tree_rows import refuse_trees
 
 
 class MarkovLM(CausalLM):
@@ -29,7 +30,8 @@ class MarkovLM(CausalLM):
         assert length <= len(self.tokens), "rollback past the end"
         del self.tokens[length:]
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, tree=None) -> torch.Tensor:
+        refuse_trees(self.name, tree, tokens.shape[0], "its cache is a token list")
         rows = []
         for t in tokens.tolist():
             self.tokens.append(t)
@@ -37,8 +39,8 @@ class MarkovLM(CausalLM):
             rows.append(self.table[prev2, t])
         return torch.stack(rows)
 
-    def forward_with_hidden(self, tokens, layers=()):
-        logits = self.forward(tokens)
+    def forward_with_hidden(self, tokens, layers=(), tree=None):
+        logits = self.forward(tokens, tree)
         return logits, logits
 
     def next_logits(self, context: list[int]) -> torch.Tensor:
