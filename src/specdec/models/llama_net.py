@@ -319,16 +319,7 @@ class LlamaNet(nn.Module):
         if self.row_count_invariant:
             span = self._whole_blocks(span, limit)
         by_token = self.row_count_invariant and 1 < n <= EXACT_PASS_ROWS
-        if tree is None:  # inside the sequence, as its mask sees them
-            positions = self.slot_ids[start:start + n]
-        else:
-            positions = row_positions(start, n, tree).to(self.slot_ids.device)
-        if tree is not None and not by_token:
-            mask = self._tree_mask(start, tree, span)
-        elif n > 1 or self.row_count_invariant:
-            mask = self._additive_mask(positions, self.slot_ids[:span])
-        else:
-            mask = None
+        mask = self._span_mask(start, n, span, tree, by_token)
         if not by_token:
             return SeqSpan(row, n, base, span, mask)
         ends = range(start + 1, start + n + 1) if tree is None else (start + d + 1 for d in depths(tree))
@@ -354,6 +345,19 @@ class LlamaNet(nn.Module):
         """The slots a row_count_invariant step attends over for `length` tokens: whole ATTN_SPAN
         blocks, at most `limit` (the sequence's own slots)."""
         return min(limit, -(-length // ATTN_SPAN) * ATTN_SPAN)
+
+    def _span_mask(self, start: int, n: int, span: int, tree: tuple[int, ...] | None,
+                   by_token: bool) -> torch.Tensor | None:
+        """eager_span's mask [G*n, span], or None (one token seeing every slot up to its own)."""
+        if tree is not None and not by_token:
+            return self._tree_mask(start, tree, span)
+        if n == 1 and not self.row_count_invariant:
+            return None
+        if tree is None:  # positions inside the sequence, as the mask sees them
+            positions = self.slot_ids[start:start + n]
+        else:  # token by token a row sees its path laid out at start..: causal at start + depth
+            positions = row_positions(start, n, tree).to(self.slot_ids.device)
+        return self._additive_mask(positions, self.slot_ids[:span])
 
     def _tree_mask(self, start: int, tree: tuple[int, ...], span: int) -> torch.Tensor:
         """[G*n, span]: 0 where row r may see the slot (before start, or a row of its path at

@@ -219,10 +219,8 @@ class NativeLlama(CausalLM):
                                       "run the graphed or fused step, which takes no tree yet (build it with "
                                       "cuda_graphs=False for trees)")
         if rows is None:  # the fused kernels unrecorded where the graphs run them: prefill writes the same k, v
-            if self.options.fused:
-                logits, hidden = self._fused_pass(tokens.to(self.device), start, layers)
-            else:
-                logits, hidden = self.net.forward_eager(tokens.to(self.device), start, layers, tree)
+            run = self._fused_pass if self.options.fused else functools.partial(self.net.forward_eager, tree=tree)
+            logits, hidden = run(tokens.to(self.device), start, layers)
             logits = logits.float()
         else:
             step = self._graph(rows, layers)
