@@ -14,6 +14,7 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.models.base import CausalLM
 from specdec.models.slots import RaggedOutput, SlotModel
 from specdec.sampling import warp_logits
+from specdec.models.tree_rows import refuse_trees
 
 
 class MarkovLM(CausalLM):
@@ -34,7 +35,8 @@ class MarkovLM(CausalLM):
         assert length <= len(self.tokens), "rollback past the end"
         del self.tokens[length:]
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, tree=None) -> torch.Tensor:
+        refuse_trees(self.name, tree, tokens.shape[0], "its cache is a token list")
         rows = []
         for t in tokens.tolist():
             self.tokens.append(t)
@@ -42,8 +44,8 @@ class MarkovLM(CausalLM):
             rows.append(self.table[prev2, t])
         return torch.stack(rows)
 
-    def forward_with_hidden(self, tokens, layers=()):
-        logits = self.forward(tokens)
+    def forward_with_hidden(self, tokens, layers=(), tree=None):
+        logits = self.forward(tokens, tree)
         return logits, logits
 
     def next_logits(self, context: list[int]) -> torch.Tensor:

@@ -44,3 +44,22 @@ def is_chain(row_parents: Sequence[int] | None) -> bool:
 def node_depths(parents: Sequence[int]) -> list[int]:
     """Each draft node's depth (Draft.parents: -1 the root), the root's children at 1."""
     return depths((-1,) + tuple(p + 1 for p in parents))[1:]
+
+
+def check_row_parents(row_parents: Sequence[int], n: int) -> None:
+    """A ValueError unless row_parents make the rows of a tree pass over n tokens: n entries, row 0
+    the root (-1), every other row's parent an earlier row (0..r-1)."""
+    rows = list(row_parents)
+    if len(rows) != n or not rows or rows[0] != -1 or any(not 0 <= p < r for r, p in enumerate(rows) if r):
+        raise ValueError(f"a tree pass over {n} tokens needs {n} row parents: -1 for row 0 (the root), then "
+                         f"for each row r > 0 an earlier row in 0..r-1; got {rows}")
+
+
+def check_kept_rows(rows: Sequence[int], start: int, cache_len: int) -> None:
+    """A ValueError unless `rows` (increasing, relative to `start`) are rows a cache of cache_len
+    tokens holds after a pass that began at start (what keep_rows takes)."""
+    rows = list(rows)
+    if not 0 <= start <= cache_len or any(b <= a for a, b in zip(rows, rows[1:])) or \
+            (rows and (rows[0] < 0 or start + rows[-1] >= cache_len)):
+        raise ValueError(f"keep_rows needs increasing rows of the pass that began at {start}, all below "
+                         f"{cache_len - start} (the cache holds {cache_len} tokens); got {rows}")

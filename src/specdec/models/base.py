@@ -2,14 +2,18 @@
 
 A model owns a KV cache for a single sequence (batch 1). `forward` runs new tokens on top of the
 cache and appends them; `rollback(n)` cuts the cache back to its first n tokens, so that after a
-round the cache holds exactly the true text (rule 2 of the design).
+round the cache holds exactly the true text (rule 2 of the design). A tree pass (`tree=`: the rows'
+parents, specdec.trees) appends every row too; `keep_rows` then keeps the accepted path's rows.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Sequence
 
 import torch
+
+from specdec.trees import check_kept_rows
 
 
 class CausalLM(ABC):
@@ -21,11 +25,19 @@ class CausalLM(ABC):
     device: torch.device
 
     @abstractmethod
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Run tokens [n] on top of the cache, append them to it, return logits [n, V] (fp32)."""
+    def forward(self, tokens: torch.Tensor, tree: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Run tokens [n] on top of the cache, append them to it, return logits [n, V] (fp32).
+
+        tree: the rows' parents (specdec.trees: n entries, row 0 the root with -1, row r an earlier
+        parent) or None for causal rows. Row r then sits at position start + depth(r) (start: the
+        cache length before the pass) and sees the cache and its own path only; its k, v still go
+        to cache index start + r, and the cache holds start + n tokens until keep_rows. Backends
+        without tree passes raise NotImplementedError for a tree that is not a chain; a malformed
+        tree is a ValueError."""
 
     @abstractmethod
-    def forward_with_hidden(self, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_with_hidden(self, tokens: torch.Tensor, layers: tuple[int, ...] = (),
+                            tree: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Like forward, also returning the target's features [n, (len(layers) + 1) * D]: the
         residual stream after each decoder layer in `layers` (0-based, increasing, never the last
         layer), then the last layer's features (the input of the LM head)."""
@@ -38,6 +50,16 @@ class CausalLM(ABC):
     @abstractmethod
     def rollback(self, length: int) -> None:
         """Forget every cached token after the first `length`."""
+
+    def keep_rows(self, start: int, rows: Sequence[int]) -> None:
+        """After a tree pass that began at cache length `start`: keep the first `start` tokens, then
+        the entries of the pass's rows `rows` (increasing, relative to start: a root-to-node path)
+        moved to start, start + 1, ...; forget the rest. Here only the causal case (rows 0..m - 1,
+        a rollback to start + m); backends with tree passes move the entries."""
+        check_kept_rows(rows, start, self.cache_len)
+        if list(rows) != list(range(len(rows))):
+            raise NotImplementedError(f"{self.name} cannot keep a tree's path: its cache verifies chains only")
+        self.rollback(start + len(rows))
 
     def extend(self, tokens: torch.Tensor) -> None:
         """Append tokens [n] to the cache when their logits are not needed (a prompt's prefill).

@@ -25,6 +25,8 @@ from torch import nn
 
 from specdec.models.cpu_matrix import CpuCaps, CpuLayout, CpuMatrix, choose_layout, linear, row_exact_slices
 from specdec.models.llama_config import LlamaArch
+from specdec.models.tree_rows import paths, row_positions, sees
+from specdec.trees import depths
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,18 @@ class SeqSpan:
     kv_len: int
     mask: torch.Tensor | None
     token_spans: tuple[int, ...] = ()
+    paths: "PathLayout | None" = None
+
+
+@dataclass(frozen=True)
+class PathLayout:
+    """A tree pass attending token by token (SeqSpan.token_spans): the sequence's new rows sit at its
+    cache slots start.. (row r at start + r), and paths[r] is row r's path (root first, itself last).
+    Before row r's call its path's entries are laid out at start, start + 1, ..., as decoding the
+    path one token at a time lays them out, so the call's inputs are its single step's."""
+
+    start: int
+    paths: tuple[tuple[int, ...], ...]
 
 
 def layer_step(
@@ -108,12 +122,38 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: S
     if seq.token_spans:  # query rows are (g, token): token m's G rows are q[..., g * n + m, :]
         per_token = q.view(1, n_kv_heads, group, n, hd)
         masks = seq.mask.view(group, n, seq.kv_len)
-        out = torch.stack([F.scaled_dot_product_attention(per_token[:, :, :, m], keys[:, :, :span], values[:, :, :span],
-                                                          attn_mask=masks[:, m, :span])
-                           for m, span in enumerate(seq.token_spans)], dim=3)  # [1, Hkv, G, n, hd]
+
+        def call(m: int) -> torch.Tensor:  # [1, Hkv, G, hd]
+            span = seq.token_spans[m]
+            return F.scaled_dot_product_attention(per_token[:, :, :, m], keys[:, :, :span], values[:, :, :span],
+                                                  attn_mask=masks[:, m, :span])
+
+        outs = [call(m) for m in range(n)] if seq.paths is None else on_paths(k_cache, v_cache, seq, call)
+        out = torch.stack(outs, dim=3)  # [1, Hkv, G, n, hd]
     else:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=seq.mask)
     return out.reshape(n_kv_heads, group, n, hd).permute(2, 0, 1, 3).reshape(n, n_heads * hd)
+
+
+def on_paths(k_cache: torch.Tensor, v_cache: torch.Tensor, seq: SeqSpan,
+             call: Callable[[int], torch.Tensor]) -> list[torch.Tensor]:
+    """call(r) for each row r of a tree pass (seq.paths), the cache slots base + start .. laid out
+    as row r's path first (PathLayout); the pass's own entries (row r at start + r) are put back
+    afterwards. k, v: [Hkv, S, hd]; only the path's d + 1 entries move per row, never the prefix."""
+    first = seq.base + seq.paths.start
+    own_k, own_v = k_cache[:, first:first + seq.n].clone(), v_cache[:, first:first + seq.n].clone()  # [Hkv, n, hd]
+    laid = list(range(seq.n))  # which row's entries sit at first + i now
+    outs = []
+    for r, path in enumerate(seq.paths.paths):
+        if laid[:len(path)] != list(path):
+            k_cache[:, first:first + len(path)] = own_k[:, list(path)]
+            v_cache[:, first:first + len(path)] = own_v[:, list(path)]
+            laid[:len(path)] = path
+        outs.append(call(r))
+    if laid != list(range(seq.n)):
+        k_cache[:, first:first + seq.n] = own_k
+        v_cache[:, first:first + seq.n] = own_v
+    return outs
 
 
 class Block(nn.Module):
@@ -236,15 +276,29 @@ class LlamaNet(nn.Module):
         logits = linear(head_in, lm) if head_in.shape[0] else head_in.new_empty(0, a.vocab_size)
         return logits, features  # [R, V], [T, (len(capture) + 1) * D]
 
-    def forward_eager(self, tokens: torch.Tensor, start: int,
-                      capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_eager(self, tokens: torch.Tensor, start: int, capture: tuple[int, ...] = (),
+                      tree: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [n] at positions start..start+n-1; each sees the slots up to its own position.
-        capture: layers whose outputs come before the final-norm features (see run_rows)."""
+        capture: layers whose outputs come before the final-norm features (see run_rows). tree:
+        row parents (tree_rows.causal_or_tree's, not a chain) or None: row r at position
+        start + depth(r), its k, v at slot start + r, seeing the slots before start and its path."""
         n = tokens.shape[0]
-        span = self.eager_span(0, 0, start, n, self.slots)
-        return self.run_rows(tokens, self.slot_ids[start:start + n], [span], capture)
+        span = self.eager_span(0, 0, start, n, self.slots, tree)
+        rope = None if tree is None else row_positions(start, n, tree).to(tokens.device)
+        return self.run_rows(tokens, self.slot_ids[start:start + n], [span], capture, rope)
 
-    def eager_span(self, row: int, base: int, start: int, n: int, limit: int) -> SeqSpan:
+    @torch.no_grad()
+    def keep_rows(self, first: int, rows: Sequence[int]) -> None:
+        """Every layer's k, v entries at cache slots first + rows (increasing) moved to first, first + 1, ..."""
+        if list(rows) == list(range(len(rows))):
+            return
+        src = torch.tensor([first + r for r in rows], device=self.slot_ids.device)
+        for layer in self.layers:
+            for cache in (layer.k_cache, layer.v_cache):  # [Hkv, S, hd]
+                cache[:, first:first + len(rows)] = cache.index_select(1, src)
+
+    def eager_span(self, row: int, base: int, start: int, n: int, limit: int,
+                   tree: tuple[int, ...] | None = None) -> SeqSpan:
         """How the eager pass attends for one sequence whose n new tokens (rows row.. of the pass)
         sit at positions start.. of its cache, slots base .. base + limit - 1.
 
@@ -255,16 +309,22 @@ class LlamaNet(nn.Module):
         not: over exactly start+n slots without a mask, 1-4 of 16 rows differed in the last bits
         on a Xeon; masked over blocks, one row in 16 at one layer on an AMD EPYC, as a batch too;
         enough to flip bf16 near-ties. Otherwise (fp32, whose layouts differ by row count anyway)
-        a single token attends over exactly start+1 slots without a mask, ~3% faster a step on the Xeon."""
+        a single token attends over exactly start+1 slots without a mask, ~3% faster a step on the Xeon.
+
+        tree (row parents, not a chain; None: causal rows): token by token, each row's call is its
+        single step's, over its path laid out at slots start.. (PathLayout), so its mask row is the
+        causal one at its position start + depth; in one call, the mask shows each row the slots
+        before start and its own path's rows where the pass wrote them (start + r)."""
         span = start + n
         if self.row_count_invariant:
             span = self._whole_blocks(span, limit)
-        positions = self.slot_ids[start:start + n]  # inside the sequence, as its mask sees them
-        mask = self._additive_mask(positions, self.slot_ids[:span]) if n > 1 or self.row_count_invariant else None
-        spans = ()
-        if self.row_count_invariant and 1 < n <= EXACT_PASS_ROWS:
-            spans = tuple(self._whole_blocks(start + m + 1, limit) for m in range(n))
-        return SeqSpan(row, n, base, span, mask, spans)
+        by_token = self.row_count_invariant and 1 < n <= EXACT_PASS_ROWS
+        mask = self._span_mask(start, n, span, tree, by_token)
+        if not by_token:
+            return SeqSpan(row, n, base, span, mask)
+        ends = range(start + 1, start + n + 1) if tree is None else (start + d + 1 for d in depths(tree))
+        spans = tuple(self._whole_blocks(end, limit) for end in ends)
+        return SeqSpan(row, n, base, span, mask, spans, None if tree is None else PathLayout(start, paths(tree)))
 
     def forward_static(self, tokens: torch.Tensor, pos: torch.Tensor, fused: bool = False,
                        capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
@@ -285,6 +345,29 @@ class LlamaNet(nn.Module):
         """The slots a row_count_invariant step attends over for `length` tokens: whole ATTN_SPAN
         blocks, at most `limit` (the sequence's own slots)."""
         return min(limit, -(-length // ATTN_SPAN) * ATTN_SPAN)
+
+    def _span_mask(self, start: int, n: int, span: int, tree: tuple[int, ...] | None,
+                   by_token: bool) -> torch.Tensor | None:
+        """eager_span's mask [G*n, span], or None (one token seeing every slot up to its own)."""
+        if tree is not None and not by_token:
+            return self._tree_mask(start, tree, span)
+        if n == 1 and not self.row_count_invariant:
+            return None
+        if tree is None:  # positions inside the sequence, as the mask sees them
+            positions = self.slot_ids[start:start + n]
+        else:  # token by token a row sees its path laid out at start..: causal at start + depth
+            positions = row_positions(start, n, tree).to(self.slot_ids.device)
+        return self._additive_mask(positions, self.slot_ids[:span])
+
+    def _tree_mask(self, start: int, tree: tuple[int, ...], span: int) -> torch.Tensor:
+        """[G*n, span]: 0 where row r may see the slot (before start, or a row of its path at
+        start + that row), else -inf."""
+        n = len(tree)
+        visible = torch.zeros(n, span, dtype=torch.bool)
+        visible[:, :start] = True
+        visible[:, start:start + n] = sees(tree)
+        mask = torch.zeros(visible.shape, dtype=self.cos.dtype).masked_fill_(~visible, float("-inf"))
+        return mask.repeat(self.arch.group, 1).to(self.slot_ids.device)
 
     def _additive_mask(self, pos: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """[G*n, len(slots)]: 0 where the row's position may see the slot (slot <= pos), else -inf."""

@@ -27,6 +27,8 @@ import torch
 from specdec.models.base import CausalLM, check_feature_layers
 from specdec.models.llama_config import LlamaArch, arch_from_hf, named_arch
 from specdec.models.llama_net import LlamaNet, build_net, init_random, load_hf_state
+from specdec.models.tree_rows import causal_or_tree
+from specdec.trees import check_kept_rows
 
 
 @dataclass(frozen=True)
@@ -186,24 +188,38 @@ class NativeLlama(CausalLM):
             raise ValueError(f"cannot roll back to {length}: the cache holds {self._len} tokens")
         self._len = length
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self._forward(tokens, (), want_hidden=False)[0]
+    def forward(self, tokens: torch.Tensor, tree: tuple[int, ...] | None = None) -> torch.Tensor:
+        return self._forward(tokens, (), want_hidden=False, tree=tree)[0]
 
-    def forward_with_hidden(self, tokens: torch.Tensor, layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_with_hidden(self, tokens: torch.Tensor, layers: tuple[int, ...] = (),
+                            tree: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [n] -> logits [n, V] fp32 and features [n, (len(layers) + 1) * D] (the outputs of
-        `layers`, then the final-norm features), appended to the cache."""
-        return self._forward(tokens, layers, want_hidden=True)
+        `layers`, then the final-norm features), appended to the cache. tree: CausalLM.forward's."""
+        return self._forward(tokens, layers, want_hidden=True, tree=tree)
 
     @torch.inference_mode()
-    def _forward(self, tokens: torch.Tensor, layers: tuple[int, ...], want_hidden: bool):
+    def keep_rows(self, start: int, rows) -> None:
+        """CausalLM.keep_rows: every layer's k, v entries of the kept rows copied to start.."""
+        check_kept_rows(rows, start, self._len)
+        self.net.keep_rows(start, rows)
+        self._len = start + len(rows)
+
+    @torch.inference_mode()
+    def _forward(self, tokens: torch.Tensor, layers: tuple[int, ...], want_hidden: bool,
+                 tree: tuple[int, ...] | None = None):
         # forward() skips copying the features out of the graph: one copy less a step (a few us on a GPU)
         n, start = tokens.shape[0], self._len
         if start + n > self.max_length:
             raise ValueError(f"{start} cached + {n} new tokens exceed the cache of {self.max_length}")
         layers = check_feature_layers(layers, self.arch.n_layers) if layers else ()
+        tree = causal_or_tree(tree, n)
         rows = self._graph_rows(n)
+        if tree is not None and (rows is not None or self.options.fused):
+            raise NotImplementedError(f"{self.name}: tree passes run on the eager path only; its {n}-row passes "
+                                      "run the graphed or fused step, which takes no tree yet (build it with "
+                                      "cuda_graphs=False for trees)")
         if rows is None:  # the fused kernels unrecorded where the graphs run them: prefill writes the same k, v
-            run = self._fused_pass if self.options.fused else self.net.forward_eager
+            run = self._fused_pass if self.options.fused else functools.partial(self.net.forward_eager, tree=tree)
             logits, hidden = run(tokens.to(self.device), start, layers)
             logits = logits.float()
         else:

@@ -23,6 +23,11 @@ rows go to a scratch region past the last slot); longer ones (a batch of prefill
 catching up) run as several passes of at most that many rows (SlotOptions.pass_rows), one after
 another, so that no kernel ever runs outside a graph captured at start: an unrecorded launch of a
 new shape can make Triton compile a kernel variant for seconds in the middle of serving.
+
+Trees (forward_ragged's trees=) run on the eager pass: each tree sequence's span attends as
+LlamaNet.eager_span lays a tree out, RoPE at start + depth. The fused pass refuses them until its
+kernels read per-row tree metadata (see _run_fused). keep_rows moves a slot's kept entries in every
+layer's cache.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from specdec.models.llama_net import LlamaNet, build_net, init_random
 from specdec.models.native_llama import _triton_refuses, adopt_on_cpu, net_from_hf
 from specdec.models.native_llama import cache_slots as one_sequence_slots
 from specdec.models.slots import RaggedOutput, SlotModel, check_ragged
+from specdec.models.tree_rows import causal_or_tree, row_positions
+from specdec.trees import check_kept_rows
 
 # Row counts with a CUDA graph: decode steps of up to 64 sequences, verifies of up to 64 x (K + 1).
 GRAPH_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
@@ -194,19 +201,32 @@ class NativeSlots(SlotModel):
         self._lens[slot] = length
 
     @torch.inference_mode()
+    def keep_rows(self, slot: int, start: int, rows: Sequence[int]) -> None:
+        """SlotModel.keep_rows: the kept rows' k, v entries copied to start.. in every layer's cache."""
+        check_kept_rows(rows, start, self._lens[slot])
+        self.net.keep_rows(slot * self.stride + start, rows)
+        self._lens[slot] = start + len(rows)
+
+    @torch.inference_mode()
     def forward_ragged(self, slots: Sequence[int], tokens: Sequence[torch.Tensor], *,
                        logits: Sequence[bool] | None = None,
-                       features: Sequence[tuple[int, ...] | None] | None = None) -> RaggedOutput:
-        check_ragged(self, slots, tokens)
+                       features: Sequence[tuple[int, ...] | None] | None = None,
+                       trees: Sequence[tuple[int, ...] | None] | None = None) -> RaggedOutput:
+        check_ragged(self, slots, tokens, trees)
         want = list(logits) if logits is not None else [True] * len(slots)
         layers = [None if f is None else check_feature_layers(f, self.arch.n_layers)
                   for f in (features if features is not None else [None] * len(slots))]
         counts = [int(t.shape[0]) for t in tokens]
-        if self.options.pass_rows is not None and sum(counts) > self.options.pass_rows:
+        shapes = [causal_or_tree(t, n) for t, n in zip(trees or [None] * len(slots), counts)]
+        if any(shapes):
+            self._check_trees_run(sum(counts))
+        elif self.options.pass_rows is not None and sum(counts) > self.options.pass_rows:
             return self._in_passes(slots, tokens, want, layers)
         capture = tuple(sorted(set().union(*(f for f in layers if f))))
-        run = self._run_fused if self.options.fused else self._run_eager
-        out, feats = run(slots, torch.cat(tokens).to(self.device), counts, want, capture)
+        if self.options.fused:
+            out, feats = self._run_fused(slots, torch.cat(tokens).to(self.device), counts, want, capture)
+        else:
+            out, feats = self._run_eager(slots, torch.cat(tokens).to(self.device), counts, want, capture, shapes)
         for slot, n in zip(slots, counts):
             self._lens[slot] += n
         offsets = tuple(accumulate((n if w else 0 for n, w in zip(counts, want)), initial=0))
@@ -214,6 +234,16 @@ class NativeSlots(SlotModel):
         picked = tuple(None if f is None else self._features(feats, capture, f, row, n)
                        for f, row, n in zip(layers, rows, counts))
         return RaggedOutput(out.float(), offsets, picked)
+
+    def _check_trees_run(self, rows: int) -> None:
+        """A NotImplementedError where a pass with tree rows cannot run: the fused kernels take no
+        tree yet, and split passes (pass_rows) would cut a tree's rows apart."""
+        if self.options.fused:
+            raise NotImplementedError(f"{self.name}: the fused Triton pass takes no draft tree yet (its kernels "
+                                      "mask by position only); build NativeSlots with fused=False for trees")
+        if self.options.pass_rows is not None and rows > self.options.pass_rows:
+            raise NotImplementedError(f"{self.name}: a pass with tree rows runs whole, and {rows} rows exceed "
+                                      f"pass_rows={self.options.pass_rows}: send the trees in a smaller batch")
 
     def _in_passes(self, slots, tokens, want, layers) -> RaggedOutput:
         """One pass over more than options.pass_rows rows, run as split_passes' consecutive passes;
@@ -234,22 +264,26 @@ class NativeSlots(SlotModel):
         picked = tuple(None if f is None else torch.cat(pieces) for f, pieces in zip(layers, feats))
         return RaggedOutput(flat, offsets, picked)
 
-    def _run_eager(self, slots, tokens, counts, want, capture) -> tuple[torch.Tensor, torch.Tensor]:
-        """The portable pass: every matrix once over all rows, attention per sequence (SeqSpan)."""
+    def _run_eager(self, slots, tokens, counts, want, capture, trees) -> tuple[torch.Tensor, torch.Tensor]:
+        """The portable pass: every matrix once over all rows, attention per sequence (SeqSpan).
+        trees: [B] each sequence's row parents (causal_or_tree's) or None for causal rows."""
         ids = self.net.slot_ids
         spans, pos, rope, head = [], [], [], []
-        for slot, row, n, w in zip(slots, accumulate(counts, initial=0), counts, want):
+        for slot, row, n, w, tree in zip(slots, accumulate(counts, initial=0), counts, want, trees):
             base, start = slot * self.stride, self._lens[slot]
-            spans.append(self.net.eager_span(row, base, start, n, self.stride))
+            spans.append(self.net.eager_span(row, base, start, n, self.stride, tree))
             pos.append(ids[base + start:base + start + n])  # the cache slots the tokens go to
-            rope.append(ids[start:start + n])  # their positions inside their own sequence
+            # their positions inside their own sequence (a tree's rows: start + depth)
+            rope.append(ids[start:start + n] if tree is None else row_positions(start, n, tree).to(self.device))
             if w:
                 head.append(torch.arange(row, row + n))
         head_rows = None if all(want) else torch.cat(head).to(self.device) if head else ids[:0]
         return self.net.run_rows(tokens, torch.cat(pos), spans, capture, torch.cat(rope), head_rows)
 
     def _run_fused(self, slots, tokens, counts, want, capture) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Triton pass: one CUDA graph of the next row count up, or the same kernels unrecorded."""
+        """The Triton pass: one CUDA graph of the next row count up, or the same kernels unrecorded.
+        Causal rows only: a tree would need RaggedPlan to carry each row's RoPE position
+        (start + depth, pack's second block) and a per-row ancestor set for the attention kernel."""
         from specdec.models.ragged_plan import RaggedPlan, exact_layout
         from specdec.models.triton_forward import forward_rows
 

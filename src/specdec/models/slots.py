@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 import torch
 
 from specdec.models.base import CausalLM
+from specdec.trees import check_kept_rows, check_row_parents
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class SlotModel(ABC):
         tokens, then the entries of the pass's rows `rows` (increasing, relative to start: a path from
         the root row 0) moved to start, start + 1, ..., and forgets the rest. Causal rows 0..m - 1
         are a rollback to start + m."""
+        check_kept_rows(rows, start, self.cache_len(slot))
         if list(rows) != list(range(len(rows))):
             raise NotImplementedError(f"{self.name} cannot keep a tree's path: it verifies chains only")
         self.rollback(slot, start + len(rows))
@@ -131,13 +133,15 @@ class LoopSlots(SlotModel):
 
     def forward_ragged(self, slots: Sequence[int], tokens: Sequence[torch.Tensor], *,
                        logits: Sequence[bool] | None = None,
-                       features: Sequence[tuple[int, ...] | None] | None = None) -> RaggedOutput:
-        check_ragged(self, slots, tokens)
+                       features: Sequence[tuple[int, ...] | None] | None = None,
+                       trees: Sequence[tuple[int, ...] | None] | None = None) -> RaggedOutput:
+        check_ragged(self, slots, tokens, trees)
         want_logits = list(logits) if logits is not None else [True] * len(slots)
         layers = list(features) if features is not None else [None] * len(slots)
+        shapes = list(trees) if trees is not None else [None] * len(slots)
         rows, feats = [], []
-        for slot, new, want, wanted_layers in zip(slots, tokens, want_logits, layers):
-            out, feat = self._run(self._models[slot], new, want, wanted_layers)
+        for slot, new, want, wanted_layers, tree in zip(slots, tokens, want_logits, layers, shapes):
+            out, feat = self._run(self._models[slot], new, want, wanted_layers, tree)
             rows.append(out)
             feats.append(feat)
         kept = [r for r in rows if r is not None]
@@ -148,23 +152,34 @@ class LoopSlots(SlotModel):
         offsets = tuple(accumulate((0 if r is None else r.shape[0] for r in rows), initial=0))
         return RaggedOutput(flat, offsets, tuple(feats))
 
+    def keep_rows(self, slot: int, start: int, rows: Sequence[int]) -> None:
+        self._models[slot].keep_rows(start, rows)
+
     @staticmethod
-    def _run(model: CausalLM, tokens: torch.Tensor, want_logits: bool, layers: tuple[int, ...] | None):
+    def _run(model: CausalLM, tokens: torch.Tensor, want_logits: bool, layers: tuple[int, ...] | None,
+             tree: tuple[int, ...] | None):
         """One slot's share: (logits [n, V] or None, features [n, F] or None)."""
+        shape = {} if tree is None else {"tree": tree}  # causal rows: the very call as before trees
         if layers is not None:
-            out, feat = model.forward_with_hidden(tokens, layers)
+            out, feat = model.forward_with_hidden(tokens, layers, **shape)
             return (out if want_logits else None), feat
-        if want_logits:
-            return model.forward(tokens), None
+        if want_logits or tree is not None:  # extend has no tree rows
+            out = model.forward(tokens, **shape)
+            return (out if want_logits else None), None
         model.extend(tokens)
         return None, None
 
 
-def check_ragged(model: SlotModel, slots: Sequence[int], tokens: Sequence[torch.Tensor]) -> None:
-    """A ValueError unless slots and tokens make a valid ragged batch for this model."""
+def check_ragged(model: SlotModel, slots: Sequence[int], tokens: Sequence[torch.Tensor],
+                 trees: Sequence[tuple[int, ...] | None] | None = None) -> None:
+    """A ValueError unless slots, tokens (and trees: one entry a sequence, each None or the row
+    parents of its n_i tokens) make a valid ragged batch for this model."""
     if len(slots) != len(tokens) or not slots:
         raise ValueError(f"a ragged batch needs one token tensor per slot, got {len(slots)} slots and "
                          f"{len(tokens)} tensors")
+    if trees is not None and len(trees) != len(slots):
+        raise ValueError(f"trees needs one entry per sequence (None for causal rows), got {len(trees)} for "
+                         f"{len(slots)} sequences")
     if len(set(slots)) != len(slots) or not all(0 <= s < model.max_slots for s in slots):
         raise ValueError(f"slots must be distinct indices in 0..{model.max_slots - 1}, got {list(slots)}")
     for slot, new in zip(slots, tokens):
@@ -173,6 +188,9 @@ def check_ragged(model: SlotModel, slots: Sequence[int], tokens: Sequence[torch.
         if model.cache_len(slot) + new.shape[0] > model.max_length:
             raise ValueError(f"slot {slot}: {model.cache_len(slot)} cached + {new.shape[0]} new tokens exceed "
                              f"the model's {model.max_length} positions")
+    for new, tree in zip(tokens, trees or ()):
+        if tree is not None:
+            check_row_parents(tree, int(new.shape[0]))
 
 
 def slot_model_for(model: CausalLM, max_slots: int, max_length: int | None = None) -> SlotModel:

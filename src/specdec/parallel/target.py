@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from specdec.models.base import CausalLM, check_feature_layers
+from specdec.models.tree_rows import refuse_trees
 from specdec.models.llama_net import LlamaNet
 from specdec.models.native_llama import NativeLlama, NativeOptions
 from specdec.parallel.group import (MAX_FEATURE_LAYERS, Command, Op, TensorParallelError, all_reduce_sum,
@@ -85,13 +86,16 @@ class TensorParallelLM(CausalLM):
             raise ValueError(f"cannot roll back to {length}: the cache holds {self.shard.cache_len} tokens")
         self._everywhere(Command(Op.ROLLBACK, length), None)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, tree: tuple[int, ...] | None = None) -> torch.Tensor:
+        refuse_trees(self.name, tree, tokens.shape[0], "its ranks run causal passes only")
         return self._everywhere(Command(Op.FORWARD, self._checked(tokens)), tokens)
 
     def extend(self, tokens: torch.Tensor) -> None:
         self._everywhere(Command(Op.EXTEND, self._checked(tokens)), tokens)
 
-    def forward_with_hidden(self, tokens: torch.Tensor, layers: tuple[int, ...] = ()):
+    def forward_with_hidden(self, tokens: torch.Tensor, layers: tuple[int, ...] = (),
+                            tree: tuple[int, ...] | None = None):
+        refuse_trees(self.name, tree, tokens.shape[0], "its ranks run causal passes only")
         layers = check_feature_layers(layers, self.arch.n_layers) if layers else ()
         if len(layers) > MAX_FEATURE_LAYERS:
             raise ValueError(f"at most {MAX_FEATURE_LAYERS} feature layers under tensor parallelism")
