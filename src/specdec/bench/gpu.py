@@ -40,6 +40,9 @@ def add_flags(p) -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: the cores less the busy ones)")
     p.add_argument("--no-hf-compile", action="store_true", help="skip transformers' static cache + compile row")
     p.add_argument("--batch", default=None, help="batch sizes for the batched engine's table, e.g. 1,4,16,64 (with --cpu: the embedded model)")
+    p.add_argument("--trees", action="store_true",
+                   help="draft trees only: tree verify cost and exactness, oracle trees against oracle chains "
+                        "(bench/gpu_trees.py)")
     p.add_argument("--draft-megakernel", action="store_true",
                    help="the draft's single-token steps through the megakernel (Hopper; models/megakernel.py)")
     add_tensor_parallel_flag(p)
@@ -47,6 +50,10 @@ def add_flags(p) -> None:
 
 def run(args) -> int:
     check_tensor_parallel(args)
+    if args.trees:
+        from specdec.bench.gpu_trees import run_trees
+
+        return run_trees(args)
     if args.batch:
         from specdec.bench.batch import run_cpu_batch, run_gpu_batch
 

@@ -45,6 +45,10 @@ class OracleTreeDrafter(Drafter):
         self._truth: list[int] = []
         self._prompt_len = 0
 
+    def remember(self, prompt: list[int], continuation: list[int]) -> None:
+        """Give the greedy continuation of a prompt (saves recording it again)."""
+        self._recorded[tuple(prompt)] = list(continuation)
+
     def shape(self, nodes: int) -> TreePlan:
         """The round's tree of `nodes` nodes (chosen once per size)."""
         if nodes not in self._shapes:
