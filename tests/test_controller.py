@@ -65,6 +65,8 @@ def test_auto_caps_are_zero_about_half_and_k():
     assert AutoController(4).arms == (0, 2, 4)
     assert AutoController(1).arms == (0, 1)
     assert AutoController(7).arms == (0, 3, 7)
+    assert AutoController(16).arms == (0, 4, 8, 16)  # a tree's node budget: its smallest cap near a chain
+    assert AutoController(64).arms == (0, 16, 32, 64)
 
 
 def test_the_speculation_flag_resolves_to_a_controller_option():

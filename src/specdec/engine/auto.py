@@ -7,8 +7,10 @@ of what the server delivers sees all of them at once. So auto is a small bandit:
 - Steps are grouped by load into buckets: the next power of two of the sequences the engine holds,
   decoding, prefilling or waiting (3-4 is 4, 9-16 is 16), so that a batch that shrinks by one as a
   request ends, until its client's next one arrives, stays in its bucket.
-- The arms are draft caps: 0 (plain steps), about K / 2, and K. Under an arm of cap c every decoding
-  sequence verifies min(c, its room) drafts.
+- The arms are draft caps: 0 (plain steps), about K / 2, and K, and for a large K (a tree's node
+  budget) K / 4 too. Under an arm of cap c every decoding sequence verifies min(c, its room) drafts,
+  a tree drafter the c nodes its draft probabilities rank highest: so under load its trees shrink
+  toward chains, then to plain steps.
 - Each bucket runs windows of WINDOW counted steps at one arm. A window's score is its tokens over
   its seconds (whole step calls, emitting included), so it sees every cost the server pays.
 - The arm with the best median score over its latest MEMORY windows leads; until every arm has a
@@ -94,14 +96,21 @@ class _Bucket:
         return max(scored, key=self.median) if scored else max(self.arms)
 
 
+def arms_for(k: int) -> tuple[int, ...]:
+    """The caps auto tries for a budget of k: 0, k and its halvings down to 2, at most four (k, k / 2,
+    k / 4: a tree's node budget of 16 gets 4, 8 and 16, its smallest near a chain), at least 0, k / 2, k."""
+    halvings = {k >> i for i in range(3) if k >> i >= 2}
+    return tuple(sorted({0, max(1, k // 2), k} | halvings))
+
+
 class AutoController:
-    """The auto SpeculationController over caps (0, about k / 2, k), by load bucket (module docstring)."""
+    """The auto SpeculationController over caps (arms_for(k)), by load bucket (module docstring)."""
 
     name = "auto"
 
     def __init__(self, k: int):
         self.k = k
-        self.arms = tuple(sorted({0, max(1, k // 2), k}))
+        self.arms = arms_for(k)
         self._buckets: dict[int, _Bucket] = {}
 
     def arm_at(self, load: int) -> int:
