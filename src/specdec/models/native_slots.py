@@ -39,6 +39,7 @@ from specdec.models.llama_net import LlamaNet, build_net, init_random
 from specdec.models.native_llama import _triton_refuses, adopt_on_cpu, net_from_hf
 from specdec.models.native_llama import cache_slots as one_sequence_slots
 from specdec.models.slots import RaggedOutput, SlotModel, check_ragged
+from specdec.trees import check_parents, is_chain
 
 # Row counts with a CUDA graph: decode steps of up to 64 sequences, verifies of up to 64 x (K + 1).
 GRAPH_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
@@ -74,14 +75,21 @@ class SlotOptions:
         return next((r for r in self.graph_rows if r >= rows), None) if self.graphs else None
 
 
-def split_passes(counts: Sequence[int], pass_rows: int) -> list[list[tuple[int, int, int]]]:
+def split_passes(counts: Sequence[int], pass_rows: int,
+                 whole: Sequence[bool] = ()) -> list[list[tuple[int, int, int]]]:
     """A pass of sequences i with counts[i] new tokens as consecutive passes of at most pass_rows
     rows: each a list of (i, first, stop), sequence i's tokens first..stop - 1. Sequences keep
     their order and fill each pass in turn; one that does not fit goes on in the next pass, so its
     pieces run in order (its cache grows between them). Example, counts (3, 5, 1), pass_rows 4:
-    [[(0, 0, 3), (1, 0, 1)], [(1, 1, 5)], [(2, 0, 1)]]."""
+    [[(0, 0, 3), (1, 0, 1)], [(1, 1, 5)], [(2, 0, 1)]]. whole[i] (a tree: its rows see each other
+    in one pass) keeps sequence i in one pass, starting the next one if it does not fit."""
     passes, current, room = [], [], pass_rows
     for i, n in enumerate(counts):
+        if i < len(whole) and whole[i] and n > room:
+            if n > pass_rows:
+                raise ValueError(f"a tree of {n} rows cannot run in passes of {pass_rows} rows")
+            passes.append(current)
+            current, room = [], pass_rows
         first = 0
         while first < n:
             take = min(room, n - first)
@@ -196,17 +204,23 @@ class NativeSlots(SlotModel):
     @torch.inference_mode()
     def forward_ragged(self, slots: Sequence[int], tokens: Sequence[torch.Tensor], *,
                        logits: Sequence[bool] | None = None,
-                       features: Sequence[tuple[int, ...] | None] | None = None) -> RaggedOutput:
+                       features: Sequence[tuple[int, ...] | None] | None = None,
+                       trees: Sequence[tuple[int, ...] | None] | None = None) -> RaggedOutput:
         check_ragged(self, slots, tokens)
         want = list(logits) if logits is not None else [True] * len(slots)
         layers = [None if f is None else check_feature_layers(f, self.arch.n_layers)
                   for f in (features if features is not None else [None] * len(slots))]
         counts = [int(t.shape[0]) for t in tokens]
+        trees = tree_rows(trees, counts)
         if self.options.pass_rows is not None and sum(counts) > self.options.pass_rows:
-            return self._in_passes(slots, tokens, want, layers)
+            return self._in_passes(slots, tokens, want, layers, trees)
         capture = tuple(sorted(set().union(*(f for f in layers if f))))
-        run = self._run_fused if self.options.fused else self._run_eager
-        out, feats = run(slots, torch.cat(tokens).to(self.device), counts, want, capture)
+        if self.options.fused:
+            out, feats = self._run_fused(slots, torch.cat(tokens).to(self.device), counts, want, capture, trees)
+        elif trees is not None:
+            raise NotImplementedError("NativeSlots' eager pass verifies chains only: use the fused kernels for trees")
+        else:
+            out, feats = self._run_eager(slots, torch.cat(tokens).to(self.device), counts, want, capture)
         for slot, n in zip(slots, counts):
             self._lens[slot] += n
         offsets = tuple(accumulate((n if w else 0 for n, w in zip(counts, want)), initial=0))
@@ -215,16 +229,19 @@ class NativeSlots(SlotModel):
                        for f, row, n in zip(layers, rows, counts))
         return RaggedOutput(out.float(), offsets, picked)
 
-    def _in_passes(self, slots, tokens, want, layers) -> RaggedOutput:
+    def _in_passes(self, slots, tokens, want, layers, trees=None) -> RaggedOutput:
         """One pass over more than options.pass_rows rows, run as split_passes' consecutive passes;
         each sequence's logits and features put back together, in batch order. Exact: a row's
-        arithmetic does not depend on what shares its pass (rule 6 of the design)."""
+        arithmetic does not depend on what shares its pass (rule 6 of the design). A tree stays whole."""
         logits = [[] for _ in slots]
         feats = [[] for _ in slots]
-        for part in split_passes([int(t.shape[0]) for t in tokens], self.options.pass_rows):
+        trees = trees or [None] * len(slots)
+        whole = [t is not None for t in trees]
+        for part in split_passes([int(t.shape[0]) for t in tokens], self.options.pass_rows, whole):
             out = self.forward_ragged([slots[i] for i, _, _ in part], [tokens[i][a:b] for i, a, b in part],
                                       logits=[want[i] for i, _, _ in part],
-                                      features=[layers[i] for i, _, _ in part])
+                                      features=[layers[i] for i, _, _ in part],
+                                      trees=[trees[i] for i, _, _ in part])
             for j, (i, _, _) in enumerate(part):
                 logits[i].append(out.logits_of(j))
                 feats[i].append(out.features[j])
@@ -248,13 +265,23 @@ class NativeSlots(SlotModel):
         head_rows = None if all(want) else torch.cat(head).to(self.device) if head else ids[:0]
         return self.net.run_rows(tokens, torch.cat(pos), spans, capture, torch.cat(rope), head_rows)
 
-    def _run_fused(self, slots, tokens, counts, want, capture) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Triton pass: one CUDA graph of the next row count up, or the same kernels unrecorded."""
+    def keep_rows(self, slot: int, start: int, rows: Sequence[int]) -> None:
+        """SlotModel.keep_rows; on the fused path one kernel moves the path's k and v in every layer."""
+        if not self.options.fused:
+            return super().keep_rows(slot, start, rows)
+        from specdec.models.triton_cache import move_rows, path_moves
+
+        move_rows(self.net, slot * self.stride, path_moves(start, rows, self._lens[slot]))
+        self.rollback(slot, start + len(rows))
+
+    def _run_fused(self, slots, tokens, counts, want, capture, trees=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Triton pass: one CUDA graph of the next row count up, or the same kernels unrecorded.
+        Trees change only the pass's int32 array (ragged_plan), so a graph runs them too."""
         from specdec.models.ragged_plan import RaggedPlan, exact_layout
         from specdec.models.triton_forward import forward_rows
 
         plan = RaggedPlan(tuple(counts), tuple(self._lens[s] for s in slots), tuple(s * self.stride for s in slots),
-                          tuple(want))
+                          tuple(want), None if trees is None else tuple(trees))
         wanted = sum(n for n, w in zip(counts, want) if w)
         rows = self.options.bucket(plan.rows)
         if rows is None:
@@ -305,6 +332,24 @@ class NativeSlots(SlotModel):
         [T, (len(capture) + 1) * D] (the layers in `capture`, then the final-norm features)."""
         mine = feats[row:row + n].view(n, len(capture) + 1, self.arch.dim)
         return mine[:, [capture.index(i) for i in layers] + [len(capture)]].reshape(n, -1)
+
+
+def tree_rows(trees: Sequence[tuple[int, ...] | None] | None,
+              counts: Sequence[int]) -> list[tuple[int, ...] | None] | None:
+    """forward_ragged's trees checked against the counts, a chain's as None (causal rows: the fast
+    path); None when no sequence brings a tree."""
+    if trees is None:
+        return None
+    if len(trees) != len(counts):
+        raise ValueError(f"trees needs one entry per sequence ({len(counts)}), got {len(trees)}")
+    out = []
+    for tree, n in zip(trees, counts):
+        if tree is not None:
+            check_parents(tree, n)
+            if tree[0] != -1 or -1 in tree[1:]:
+                raise ValueError(f"a tree's row 0 is its only root (parent -1), got parents {list(tree)}")
+        out.append(None if is_chain(tree) else tuple(tree))
+    return out if any(t is not None for t in out) else None
 
 
 __all__ = ["NativeSlots", "SlotOptions", "cache_slots", "slot_stride", "split_passes"]
