@@ -20,18 +20,20 @@ import triton.language as tl
 @triton.jit
 def _move_rows_kernel(table_ptr, like_ptr, moves_ptr, n_moves, S, HD: tl.constexpr, BLOCK_M: tl.constexpr):
     """Program (cache, KV head): cache table_ptr[cache] [Hkv, S, HD] (like like_ptr's dtype) gets
-    slot moves_ptr[n_moves + i] <- slot moves_ptr[i] for i < n_moves. Every source is read before any
-    destination is written (a destination may be a later move's source)."""
+    slot moves_ptr[n_moves + i] <- slot moves_ptr[i] for i < n_moves, BLOCK_M moves at a time.
+    Destinations come before their sources (rows move down), so only a block's own sources can be
+    overwritten: each block reads all of them before it writes."""
     cache = tl.load(table_ptr + tl.program_id(0)).to(tl.pointer_type(like_ptr.dtype.element_ty))
     head = tl.program_id(1)
-    i = tl.arange(0, BLOCK_M)
-    live = i < n_moves
     d = tl.arange(0, HD)
-    src = tl.load(moves_ptr + i, mask=live, other=0)
-    dst = tl.load(moves_ptr + n_moves + i, mask=live, other=0)
-    entries = tl.load(cache + (head * S + src)[:, None] * HD + d[None, :], mask=live[:, None])
-    tl.debug_barrier()
-    tl.store(cache + (head * S + dst)[:, None] * HD + d[None, :], entries, mask=live[:, None])
+    for first in range(0, n_moves, BLOCK_M):
+        i = first + tl.arange(0, BLOCK_M)
+        live = i < n_moves
+        src = tl.load(moves_ptr + i, mask=live, other=0)
+        dst = tl.load(moves_ptr + n_moves + i, mask=live, other=0)
+        entries = tl.load(cache + (head * S + src)[:, None] * HD + d[None, :], mask=live[:, None])
+        tl.debug_barrier()
+        tl.store(cache + (head * S + dst)[:, None] * HD + d[None, :], entries, mask=live[:, None])
 
 
 @functools.cache
@@ -43,11 +45,11 @@ def _table(caches: tuple[torch.Tensor, ...]) -> torch.Tensor:
 def path_moves(start: int, rows: Sequence[int], length: int) -> list[tuple[int, int]]:
     """(source, destination) slot offsets past a sequence's base for keeping `rows` of a tree pass
     that began at `start` in a cache of `length` entries: the rows that are not in place already.
-    A ValueError unless rows is a path's increasing rows from the root row 0 inside the pass."""
+    A ValueError unless rows are increasing rows of that pass (a path: the root row 0 first)."""
     rows = list(rows)
-    if not rows or rows[0] != 0 or any(b <= a for a, b in zip(rows, rows[1:])) or start + rows[-1] >= length:
-        raise ValueError(f"keep_rows needs increasing rows from the root row 0 of the pass's {length - start} "
-                         f"rows, got {rows}")
+    if any(b <= a for a, b in zip(rows, rows[1:])) or (rows and (rows[0] < 0 or start + rows[-1] >= length)):
+        raise ValueError(f"keep_rows needs increasing rows of the pass that began at {start}, all below "
+                         f"{length - start}; got {rows}")
     return [(start + r, start + i) for i, r in enumerate(rows) if r != i]
 
 
@@ -61,5 +63,4 @@ def move_rows(net, base: int, moves: list[tuple[int, int]]) -> None:
     flat = [base + s for s, _ in moves] + [base + d for _, d in moves]
     table = torch.tensor(flat, dtype=torch.int32).to(first.device, non_blocking=True)
     n_kv, slots, hd = first.shape
-    _move_rows_kernel[(len(caches), n_kv)](_table(caches), first, table, len(moves), slots, HD=hd,
-                                           BLOCK_M=max(16, triton.next_power_of_2(len(moves))))
+    _move_rows_kernel[(len(caches), n_kv)](_table(caches), first, table, len(moves), slots, HD=hd, BLOCK_M=16)
