@@ -167,3 +167,26 @@ def test_a_tree_pass_gives_each_row_its_path_s_logits_and_keeps_the_accepted_pat
     assert model.cache_len(0) == model.cache_len(1) == 12 + len(path)
     nxt = torch.randint(0, vocab, (1,), generator=GEN)
     assert torch.equal(model.forward_ragged([0], [nxt]).logits, model.forward_ragged([1], [nxt]).logits)
+
+
+def test_a_native_llama_tree_pass_gives_its_paths_graphed_steps_logits():
+    """triton_forward.forward_tree over a NativeLlama's cache (slot 0) against the model's own
+    fused single-token steps along each path (the graphed steps; run eagerly by the interpreter)."""
+    from specdec.models.native_llama import NativeLlama
+    from specdec.models.triton_forward import forward_tree
+    from tests.test_native import hf_model
+    from tests.test_triton_kernels import FUSED, WIDE
+
+    model = NativeLlama.from_hf(hf_model("llama-untied", seed=6, **WIDE), "fused", max_length=64, options=FUSED,
+                                pack=False)
+    tree = (-1, 0, 0, 2, 1)
+    prompt = torch.randint(0, model.vocab_size, (9,), generator=GEN)
+    tokens = torch.randint(0, model.vocab_size, (len(tree),), generator=GEN)
+    model.forward(prompt)
+    logits, _ = forward_tree(model.net, tokens, 9, tree)
+    for row in range(len(tree)):
+        path = path_rows(tree, row)
+        for r in path:
+            expected = model.forward(tokens[r:r + 1])[0]
+        model.rollback(9)
+        assert torch.equal(logits[row].float(), expected), f"row {row}"

@@ -23,6 +23,12 @@ rows go to a scratch region past the last slot); longer ones (a batch of prefill
 catching up) run as several passes of at most that many rows (SlotOptions.pass_rows), one after
 another, so that no kernel ever runs outside a graph captured at start: an unrecorded launch of a
 new shape can make Triton compile a kernel variant for seconds in the middle of serving.
+
+Draft trees (forward_ragged's trees=) run on the fused pass: the pass's int32 array carries each
+tree row's parent and position (start + depth), and the attention kernel reads a row's keys along
+its path (triton_attention), so the graphs of causal passes run trees as they are. A tree is never
+split between passes. keep_rows moves the kept path in every layer's cache with one kernel
+(triton_cache).
 """
 
 from __future__ import annotations
@@ -158,10 +164,11 @@ class NativeSlots(SlotModel):
         return cls(net, f"random {size}", max_length, max_slots, fused)
 
     @classmethod
-    def sharing(cls, llama, max_slots: int, max_length: int | None = None) -> "NativeSlots":
+    def sharing(cls, llama, max_slots: int, max_length: int | None = None,
+                options: SlotOptions | None = None) -> "NativeSlots":
         """Over a NativeLlama's own weights, no copy (on a GPU it keeps no transformers model to
         build from): a net whose parameters (and CPU matrices) are the llama's tensors, with a slot
-        cache of its own."""
+        cache of its own. options: as the constructor's (None: the llama's fused choice)."""
         src = llama.net
         max_length = min(max_length or llama.max_length, llama.max_length)
         with torch.device("meta"):
@@ -178,7 +185,7 @@ class NativeSlots(SlotModel):
             mine.packed = theirs.packed
         net._packed_lm, net.cpu_layout, net.row_count_invariant = src._packed_lm, src.cpu_layout, src.row_count_invariant
         net.reset_buffers()
-        model = cls(net, llama.name, max_length, max_slots, llama.options.fused)
+        model = cls(net, llama.name, max_length, max_slots, llama.options.fused, options)
         model.model = llama.model
         return model
 

@@ -4,7 +4,9 @@ A NativeSlots pass on the fused kernels needs, per row, the cache slot its k and
 position inside its own sequence, the attention block table and work list
 (triton_attention), and which rows feed the LM head's outputs the caller wants. The host knows
 every sequence's cache length, so it builds all of them as one int32 array; a CUDA graph of a
-fixed row capacity keeps one such array (MetaLayout) and each step copies into it once. Rows past
+fixed row capacity keeps one such array (MetaLayout) and each step copies into it once. A draft
+tree only changes what the array says (its rows' positions start + depth, their parents, a
+negative span in its blocks), so one graph runs causal passes and trees alike. Rows past
 the pass's real ones (padding up to the graph's capacity) write their k and v to a scratch region
 no sequence owns and belong to no attention block.
 """

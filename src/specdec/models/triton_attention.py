@@ -14,6 +14,17 @@ same lanes, and see the same chunks whatever shares the pass, so a token gets th
 the design. Chunks and rows a row may not see are fully masked and change nothing (their weight is
 exactly 0, the others' exactly 1).
 
+A draft tree's rows (AttentionRows.parents) sit at positions start + depth but are cached at
+start + row, so masking the keys off a row's path would leave its visible keys at other lanes,
+with masked ones between, than the single step of its path sees in its contiguous cache: other
+bits. Instead a row reads through its path: in the tiles from the root's position on, lane
+start + d holds the key and value of its path's row at depth d (a gather per token of the block;
+its G query rows share it), so each tile, lane for lane, is the one the single step reads, and
+the tiles before the root are shared and read as for causal rows. A walk up the parents gives the
+path (as many loads as the tree is deep), so the pass's metadata grows by one int per row, not a
+map per row. Causal blocks take none of this: they load what they loaded before (the block's end
+now comes from its table row, not from rope), and their tree loop runs no iteration.
+
 One sequence runs a grid over every (block, chunk) with the chunks past its end doing nothing (the
 graph of a step does not know the cache length); a ragged batch brings a work list of the (block,
 chunk) pairs that exist (its host knows every length), run by a fixed number of programs: a grid
@@ -273,8 +284,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rop
         grid = (n_kv_heads, min(_programs(q.device, n_kv_heads), max(1, pairs.shape[0])))
     parents = rows.blocks if rows.parents is None else rows.parents  # read by a tree's blocks only
     _attention_chunk_kernel[grid](
-        q, k_cache, v_cache, rope, parents, rows.blocks, pairs, count, partial, max_sum, slots, nb, rows.chunks, q.shape[0],
-        math.log2(math.e) / math.sqrt(hd), H=n_heads, G=group, HD=hd, PRECISION=_precision(q), BLOCK_R=ROWS,
+        q, k_cache, v_cache, rope, parents, rows.blocks, pairs, count, partial, max_sum, slots, nb, rows.chunks,
+        q.shape[0], math.log2(math.e) / math.sqrt(hd), H=n_heads, G=group, HD=hd, PRECISION=_precision(q), BLOCK_R=ROWS,
         BLOCK_S=64, CHUNK_S=CHUNK, WORKLIST=rows.work is not None, ONE=rows.one, num_warps=4,
         **_launch_options(q.device))
     out = torch.empty_like(q) if rows.work is None else torch.zeros_like(q)
