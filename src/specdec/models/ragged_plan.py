@@ -14,7 +14,6 @@ no sequence owns and belong to no attention block.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -67,16 +66,15 @@ class RaggedPlan:
     starts: tuple[int, ...]
     bases: tuple[int, ...]
     want: tuple[bool, ...]
-    trees: Optional[tuple[Optional[tuple[int, ...]], ...]] = None
+    trees: tuple[tuple[int, ...] | None, ...] | None = None
 
     def tree(self, i: int) -> tuple[int, ...] | None:
         return None if self.trees is None else self.trees[i]
 
     def positions(self, i: int) -> np.ndarray:
         """Sequence i's rows' positions inside their sequence [counts[i]]."""
-        tree = self.tree(i)
-        offsets = np.arange(self.counts[i]) if tree is None else np.asarray(depths(tree))
-        return self.starts[i] + offsets
+        tree, start = self.tree(i), self.starts[i]
+        return np.arange(start, start + self.counts[i]) if tree is None else start + np.asarray(depths(tree))
 
     @property
     def rows(self) -> int:
@@ -119,9 +117,10 @@ class RaggedPlan:
         """The block table (tok0, ntok, r0, base, span) of every sequence in order, and the work list
         of the (block, chunk) pairs they reach (triton_attention.AttentionRows, blocks_of, work_list)."""
         blocks, tok0 = [], 0
-        for i, (n, base) in enumerate(zip(self.counts, self.bases)):
-            end = int(self.positions(i).max()) + 1
-            blocks += blocks_of(n, group, tok0, base, end if self.tree(i) is None else -end)
+        for i, (n, start, base) in enumerate(zip(self.counts, self.starts, self.bases)):
+            tree = self.tree(i)
+            span = start + n if tree is None else -(start + max(depths(tree)) + 1)
+            blocks += blocks_of(n, group, tok0, base, span)
             tok0 += n
         return blocks, work_list(blocks)
 
