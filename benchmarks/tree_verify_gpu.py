@@ -10,8 +10,8 @@ alternating in one loop (CUDA events, median of --reps): a verify pass of N rows
 tree (every node --branch children, breadth first, cut at N rows), the same N rows as a chain, and
 a one-row step; then keep_rows of the deepest path. Bits: for a few tree rows per N, the row's
 logits against its path decoded one token at a time by one-row NativeSlots passes and by the
-NativeLlama's graphed single steps; after keep_rows, the next step against the slot that decoded
-the path. Any difference is listed and the script exits 1 (after saving the JSON).
+NativeLlama's graphed single steps, and triton_forward.forward_tree's over the NativeLlama's cache
+against the latter; after keep_rows, the next step against the slot that decoded the path. Any difference is listed and the script exits 1 (after saving the JSON).
 Prints a table; saves tree-verify.json in --out-dir. CUDA only.
 """
 
@@ -28,6 +28,7 @@ import torch
 
 from specdec.models.native_llama import NativeLlama
 from specdec.models.native_slots import NativeSlots, SlotOptions
+from specdec.models.triton_forward import forward_tree
 from specdec.trees import depths, path_rows
 
 
@@ -93,6 +94,8 @@ def check_bits(llama: NativeLlama, slots: NativeSlots, start: int, tree: tuple[i
     tokens = torch.randint(0, slots.vocab_size, (n,), device=slots.device)
     slots.rollback(0, start)
     out = slots.forward_ragged([0], [tokens], trees=[tree]).logits_of(0)
+    llama.rollback(start)
+    alone = forward_tree(llama.net, tokens, start, tree)[0].float()  # over the NativeLlama's own cache
     bad, made = [], 0
     for row in sorted({1, n // 3, 2 * n // 3, n - 1}):
         slots.rollback(1, start)
@@ -100,12 +103,13 @@ def check_bits(llama: NativeLlama, slots: NativeSlots, start: int, tree: tuple[i
         for r in path_rows(tree, row):
             one_row = slots.forward_ragged([1], [tokens[r:r + 1]]).logits_of(0)[0]
             graphed = llama.forward(tokens[r:r + 1])[0]
-        for what, ref in (("one-row NativeSlots passes", one_row), ("NativeLlama graphed steps", graphed)):
+        for tree_row, what, ref in ((out[row], "NativeSlots tree pass vs one-row passes", one_row),
+                                    (out[row], "NativeSlots tree pass vs NativeLlama graphed steps", graphed),
+                                    (alone[row], "forward_tree vs NativeLlama graphed steps", graphed)):
             made += 1
-            if not torch.equal(out[row], ref):
-                diff = (out[row] - ref).abs().max().item()
-                bad.append(f"N={n} row {row} (depth {depths(tree)[row]}): differs from its path by {what} "
-                           f"(max |diff| {diff:.3g})")
+            if not torch.equal(tree_row, ref):
+                diff = (tree_row - ref).abs().max().item()
+                bad.append(f"N={n} row {row} (depth {depths(tree)[row]}): {what} differ (max |diff| {diff:.3g})")
     path = path_rows(tree, n - 1)
     slots.keep_rows(0, start, path)
     slots.rollback(1, start)

@@ -37,9 +37,9 @@ def _move_rows_kernel(table_ptr, like_ptr, moves_ptr, n_moves, S, HD: tl.constex
 
 
 @functools.cache
-def _table(caches: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """[C] int64, the caches' addresses (fixed: a net allocates its caches once and fills them in place)."""
-    return torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64, device=caches[0].device)
+def _table(addresses: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """[C] int64 on device: the caches' addresses (a net allocates its caches once, fills them in place)."""
+    return torch.tensor(addresses, dtype=torch.int64, device=device)
 
 
 def path_moves(start: int, rows: Sequence[int], length: int) -> list[tuple[int, int]]:
@@ -63,4 +63,5 @@ def move_rows(net, base: int, moves: list[tuple[int, int]]) -> None:
     flat = [base + s for s, _ in moves] + [base + d for _, d in moves]
     table = torch.tensor(flat, dtype=torch.int32).to(first.device, non_blocking=True)
     n_kv, slots, hd = first.shape
-    _move_rows_kernel[(len(caches), n_kv)](_table(caches), first, table, len(moves), slots, HD=hd, BLOCK_M=16)
+    addresses = _table(tuple(c.data_ptr() for c in caches), first.device)
+    _move_rows_kernel[(len(caches), n_kv)](addresses, first, table, len(moves), slots, HD=hd, BLOCK_M=16)
