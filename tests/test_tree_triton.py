@@ -35,12 +35,15 @@ def path_cache(cache, base, start, path):
     return out
 
 
-@pytest.mark.parametrize("start", [5, 100, 130])  # the tree in the first tile; across a tile and a chunk; past them
-def test_tree_rows_attend_as_their_paths_decoded_alone(start):
-    """Two sequences in one pass: a tree of 21 rows after `start` cached tokens and a causal one
-    of 3 rows. Each tree row against a one-row pass over a cache holding its path contiguously,
-    bit for bit; the causal rows against one-row passes too."""
-    n_heads, n_kv, hd, stride = 4, 2, 32, 320
+# Positions start .. start + 9: inside the first 64-slot tile; across tiles (64); across chunks (128).
+@pytest.mark.parametrize("start", [5, 60, 124])
+@pytest.mark.parametrize("group", [2, 4])  # 8 or 4 tokens in a block of 16 query rows
+def test_tree_rows_attend_as_their_paths_decoded_alone(start, group):
+    """Two sequences in one pass: a tree of 21 rows (10 deep) after `start` cached tokens and a
+    causal one of 3 rows. Each tree row against a one-row pass over a cache holding its path
+    contiguously, bit for bit; the causal rows against one-row passes too."""
+    n_kv, hd, stride = 2, 32, 320
+    n_heads = n_kv * group
     k_cache, v_cache = randn(n_kv, 3 * stride, hd), randn(n_kv, 3 * stride, hd)
     bases, counts = (stride, 0), (len(TREE), 3)
     plan = RaggedPlan(counts, (start, 40), bases, (True, True), trees=(TREE, None))
@@ -81,14 +84,14 @@ def test_a_tree_stays_whole_when_a_pass_is_split():
 
 
 def test_bad_trees_are_refused_with_the_reason():
-    from specdec.models.native_slots import tree_rows
+    from specdec.models.native_slots import checked_trees
 
-    assert tree_rows([(-1, 0, 1), None], [3, 2]) is None  # a chain runs as causal rows
-    assert tree_rows([(-1, 0, 0), None], [3, 2]) == [(-1, 0, 0), None]
+    assert checked_trees([(-1, 0, 1), None], [3, 2]) is None  # a chain runs as causal rows
+    assert checked_trees([(-1, 0, 0), None], [3, 2]) == [(-1, 0, 0), None]
     with pytest.raises(ValueError, match="one parent per node"):
-        tree_rows([(-1, 0)], [3])
+        checked_trees([(-1, 0)], [3])
     with pytest.raises(ValueError, match="only root"):
-        tree_rows([(-1, -1, 0)], [3])
+        checked_trees([(-1, -1, 0)], [3])
 
 
 def test_path_moves_are_the_rows_out_of_place():

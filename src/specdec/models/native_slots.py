@@ -218,7 +218,7 @@ class NativeSlots(SlotModel):
         layers = [None if f is None else check_feature_layers(f, self.arch.n_layers)
                   for f in (features if features is not None else [None] * len(slots))]
         counts = [int(t.shape[0]) for t in tokens]
-        trees = tree_rows(trees, counts)
+        trees = checked_trees(trees, counts)
         if self.options.pass_rows is not None and sum(counts) > self.options.pass_rows:
             return self._in_passes(slots, tokens, want, layers, trees)
         capture = tuple(sorted(set().union(*(f for f in layers if f))))
@@ -341,7 +341,7 @@ class NativeSlots(SlotModel):
         return mine[:, [capture.index(i) for i in layers] + [len(capture)]].reshape(n, -1)
 
 
-def tree_rows(trees: Sequence[tuple[int, ...] | None] | None,
+def checked_trees(trees: Sequence[tuple[int, ...] | None] | None,
               counts: Sequence[int]) -> list[tuple[int, ...] | None] | None:
     """forward_ragged's trees checked against the counts, a chain's as None (causal rows: the fast
     path); None when no sequence brings a tree."""
