@@ -60,7 +60,8 @@ def prefill(llama: NativeLlama, slots: NativeSlots, prompt: torch.Tensor, chunk:
         llama.forward(prompt[first:first + chunk])
 
 
-def event_ms(fn) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+def timed(fn) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    """Run fn between two recorded CUDA events (read their elapsed time after a synchronize)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -82,7 +83,7 @@ def time_passes(slots: NativeSlots, start: int, tree: tuple[int, ...], reps: int
         for name, fn in cases.items():
             if name != "keep_rows_ms":
                 slots.rollback(0, start)
-            pairs[name].append(event_ms(fn))
+            pairs[name].append(timed(fn))
     torch.cuda.synchronize()
     return {name: statistics.median(s.elapsed_time(e) for s, e in runs[1:]) for name, runs in pairs.items()}
 
