@@ -34,7 +34,7 @@ def test_the_plan_places_rows_blocks_and_padding():
     assert rows.rope.tolist() == [5, 6, 7, 130, 0, 0]
     assert head[:1].tolist() == [3]  # only the second sequence's row feeds the logits
     blocks = rows.attention.blocks.tolist()
-    assert blocks == [[0, 3, 0, 200], [3, 1, 0, 0], [0, 0, 0, 0]]  # the last: padding
+    assert blocks == [[0, 3, 0, 200, 8], [3, 1, 0, 0, 131], [0, 0, 0, 0, 0]]  # spans: last position + 1; padding
     pairs, count = rows.attention.work
     assert count.item() == 3 and pairs[:3].tolist() == [[0, 0], [1, 0], [1, 1]]  # 131 positions: two chunks
     with pytest.raises(ValueError, match="attention blocks"):

@@ -199,9 +199,14 @@ class NativeLlama(CausalLM):
 
     @torch.inference_mode()
     def keep_rows(self, start: int, rows) -> None:
-        """CausalLM.keep_rows: every layer's k, v entries of the kept rows copied to start.."""
+        """CausalLM.keep_rows: every layer's k, v entries of the kept rows moved to start.."""
         check_kept_rows(rows, start, self._len)
-        self.net.keep_rows(start, rows)
+        if self.options.fused:  # one kernel for every layer
+            from specdec.models.triton_cache import move_rows, path_moves
+
+            move_rows(self.net, 0, path_moves(start, rows, self._len))
+        else:
+            self.net.keep_rows(start, rows)
         self._len = start + len(rows)
 
     @torch.inference_mode()
@@ -213,12 +218,17 @@ class NativeLlama(CausalLM):
             raise ValueError(f"{start} cached + {n} new tokens exceed the cache of {self.max_length}")
         layers = check_feature_layers(layers, self.arch.n_layers) if layers else ()
         tree = causal_or_tree(tree, n)
-        rows = self._graph_rows(n)
-        if tree is not None and (rows is not None or self.options.fused):
-            raise NotImplementedError(f"{self.name}: tree passes run on the eager path only; its {n}-row passes "
-                                      "run the graphed or fused step, which takes no tree yet (build it with "
-                                      "cuda_graphs=False for trees)")
-        if rows is None:  # the fused kernels unrecorded where the graphs run them: prefill writes the same k, v
+        rows = None if tree is not None else self._graph_rows(n)
+        if tree is not None and self.options.graphs and not self.options.fused:
+            raise NotImplementedError(f"{self.name}: its graphed torch steps take no draft tree (only the fused "
+                                      "kernels read a tree, bit for bit as the graphed steps): build it with the "
+                                      "fused kernels or cuda_graphs=False for trees")
+        if tree is not None and self.options.fused:  # the graphs' kernels, unrecorded
+            from specdec.models.triton_forward import forward_tree
+
+            logits, hidden = forward_tree(self.net, tokens.to(self.device), start, tree, layers)
+            logits = logits.float()
+        elif rows is None:  # the fused kernels unrecorded where the graphs run them: prefill writes the same k, v
             run = self._fused_pass if self.options.fused else functools.partial(self.net.forward_eager, tree=tree)
             logits, hidden = run(tokens.to(self.device), start, layers)
             logits = logits.float()

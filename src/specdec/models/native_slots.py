@@ -24,10 +24,12 @@ catching up) run as several passes of at most that many rows (SlotOptions.pass_r
 another, so that no kernel ever runs outside a graph captured at start: an unrecorded launch of a
 new shape can make Triton compile a kernel variant for seconds in the middle of serving.
 
-Trees (forward_ragged's trees=) run on the eager pass: each tree sequence's span attends as
-LlamaNet.eager_span lays a tree out, RoPE at start + depth. The fused pass refuses them until its
-kernels read per-row tree metadata (see _run_fused). keep_rows moves a slot's kept entries in every
-layer's cache.
+Draft trees (forward_ragged's trees=) run on both passes, RoPE at start + depth. The eager pass
+attends as LlamaNet.eager_span lays a tree out. On the fused pass the pass's int32 array carries each
+tree row's parent and position, and the attention kernel reads a row's keys along its path
+(triton_attention), so the graphs of causal passes run trees as they are. A tree is never split
+between passes. keep_rows moves the kept path in every layer's cache (on the fused path with one
+kernel, triton_cache).
 """
 
 from __future__ import annotations
@@ -81,14 +83,21 @@ class SlotOptions:
         return next((r for r in self.graph_rows if r >= rows), None) if self.graphs else None
 
 
-def split_passes(counts: Sequence[int], pass_rows: int) -> list[list[tuple[int, int, int]]]:
+def split_passes(counts: Sequence[int], pass_rows: int,
+                 whole: Sequence[bool] = ()) -> list[list[tuple[int, int, int]]]:
     """A pass of sequences i with counts[i] new tokens as consecutive passes of at most pass_rows
     rows: each a list of (i, first, stop), sequence i's tokens first..stop - 1. Sequences keep
     their order and fill each pass in turn; one that does not fit goes on in the next pass, so its
     pieces run in order (its cache grows between them). Example, counts (3, 5, 1), pass_rows 4:
-    [[(0, 0, 3), (1, 0, 1)], [(1, 1, 5)], [(2, 0, 1)]]."""
+    [[(0, 0, 3), (1, 0, 1)], [(1, 1, 5)], [(2, 0, 1)]]. whole[i] (a tree: its rows see each other
+    in one pass) keeps sequence i in one pass, starting the next one if it does not fit."""
     passes, current, room = [], [], pass_rows
     for i, n in enumerate(counts):
+        if i < len(whole) and whole[i] and n > room:
+            if n > pass_rows:
+                raise ValueError(f"a tree of {n} rows cannot run in passes of {pass_rows} rows")
+            passes.append(current)
+            current, room = [], pass_rows
         first = 0
         while first < n:
             take = min(room, n - first)
@@ -157,10 +166,11 @@ class NativeSlots(SlotModel):
         return cls(net, f"random {size}", max_length, max_slots, fused)
 
     @classmethod
-    def sharing(cls, llama, max_slots: int, max_length: int | None = None) -> "NativeSlots":
+    def sharing(cls, llama, max_slots: int, max_length: int | None = None,
+                options: SlotOptions | None = None) -> "NativeSlots":
         """Over a NativeLlama's own weights, no copy (on a GPU it keeps no transformers model to
         build from): a net whose parameters (and CPU matrices) are the llama's tensors, with a slot
-        cache of its own."""
+        cache of its own. options: as the constructor's (None: the llama's fused choice)."""
         src = llama.net
         max_length = min(max_length or llama.max_length, llama.max_length)
         with torch.device("meta"):
@@ -177,7 +187,7 @@ class NativeSlots(SlotModel):
             mine.packed = theirs.packed
         net._packed_lm, net.cpu_layout, net.row_count_invariant = src._packed_lm, src.cpu_layout, src.row_count_invariant
         net.reset_buffers()
-        model = cls(net, llama.name, max_length, max_slots, llama.options.fused)
+        model = cls(net, llama.name, max_length, max_slots, llama.options.fused, options)
         model.model = llama.model
         return model
 
@@ -202,9 +212,15 @@ class NativeSlots(SlotModel):
 
     @torch.inference_mode()
     def keep_rows(self, slot: int, start: int, rows: Sequence[int]) -> None:
-        """SlotModel.keep_rows: the kept rows' k, v entries copied to start.. in every layer's cache."""
+        """SlotModel.keep_rows: the kept rows' k, v entries moved to start.. in every layer's cache
+        (on the fused path by one kernel for all layers)."""
         check_kept_rows(rows, start, self._lens[slot])
-        self.net.keep_rows(slot * self.stride + start, rows)
+        if self.options.fused:
+            from specdec.models.triton_cache import move_rows, path_moves
+
+            move_rows(self.net, slot * self.stride, path_moves(start, rows, self._lens[slot]))
+        else:
+            self.net.keep_rows(slot * self.stride + start, rows)
         self._lens[slot] = start + len(rows)
 
     @torch.inference_mode()
@@ -218,13 +234,12 @@ class NativeSlots(SlotModel):
                   for f in (features if features is not None else [None] * len(slots))]
         counts = [int(t.shape[0]) for t in tokens]
         shapes = [causal_or_tree(t, n) for t, n in zip(trees or [None] * len(slots), counts)]
-        if any(shapes):
-            self._check_trees_run(sum(counts))
-        elif self.options.pass_rows is not None and sum(counts) > self.options.pass_rows:
-            return self._in_passes(slots, tokens, want, layers)
+        trees = shapes if any(shapes) else None  # a chain-shaped tree runs as causal rows
+        if self.options.pass_rows is not None and sum(counts) > self.options.pass_rows:
+            return self._in_passes(slots, tokens, want, layers, trees)
         capture = tuple(sorted(set().union(*(f for f in layers if f))))
         if self.options.fused:
-            out, feats = self._run_fused(slots, torch.cat(tokens).to(self.device), counts, want, capture)
+            out, feats = self._run_fused(slots, torch.cat(tokens).to(self.device), counts, want, capture, trees)
         else:
             out, feats = self._run_eager(slots, torch.cat(tokens).to(self.device), counts, want, capture, shapes)
         for slot, n in zip(slots, counts):
@@ -235,26 +250,19 @@ class NativeSlots(SlotModel):
                        for f, row, n in zip(layers, rows, counts))
         return RaggedOutput(out.float(), offsets, picked)
 
-    def _check_trees_run(self, rows: int) -> None:
-        """A NotImplementedError where a pass with tree rows cannot run: the fused kernels take no
-        tree yet, and split passes (pass_rows) would cut a tree's rows apart."""
-        if self.options.fused:
-            raise NotImplementedError(f"{self.name}: the fused Triton pass takes no draft tree yet (its kernels "
-                                      "mask by position only); build NativeSlots with fused=False for trees")
-        if self.options.pass_rows is not None and rows > self.options.pass_rows:
-            raise NotImplementedError(f"{self.name}: a pass with tree rows runs whole, and {rows} rows exceed "
-                                      f"pass_rows={self.options.pass_rows}: send the trees in a smaller batch")
-
-    def _in_passes(self, slots, tokens, want, layers) -> RaggedOutput:
+    def _in_passes(self, slots, tokens, want, layers, trees=None) -> RaggedOutput:
         """One pass over more than options.pass_rows rows, run as split_passes' consecutive passes;
         each sequence's logits and features put back together, in batch order. Exact: a row's
-        arithmetic does not depend on what shares its pass (rule 6 of the design)."""
+        arithmetic does not depend on what shares its pass (rule 6 of the design). A tree stays whole."""
         logits = [[] for _ in slots]
         feats = [[] for _ in slots]
-        for part in split_passes([int(t.shape[0]) for t in tokens], self.options.pass_rows):
+        trees = trees or [None] * len(slots)
+        whole = [t is not None for t in trees]
+        for part in split_passes([int(t.shape[0]) for t in tokens], self.options.pass_rows, whole):
             out = self.forward_ragged([slots[i] for i, _, _ in part], [tokens[i][a:b] for i, a, b in part],
                                       logits=[want[i] for i, _, _ in part],
-                                      features=[layers[i] for i, _, _ in part])
+                                      features=[layers[i] for i, _, _ in part],
+                                      trees=[trees[i] for i, _, _ in part])
             for j, (i, _, _) in enumerate(part):
                 logits[i].append(out.logits_of(j))
                 feats[i].append(out.features[j])
@@ -280,15 +288,14 @@ class NativeSlots(SlotModel):
         head_rows = None if all(want) else torch.cat(head).to(self.device) if head else ids[:0]
         return self.net.run_rows(tokens, torch.cat(pos), spans, capture, torch.cat(rope), head_rows)
 
-    def _run_fused(self, slots, tokens, counts, want, capture) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run_fused(self, slots, tokens, counts, want, capture, trees=None) -> tuple[torch.Tensor, torch.Tensor]:
         """The Triton pass: one CUDA graph of the next row count up, or the same kernels unrecorded.
-        Causal rows only: a tree would need RaggedPlan to carry each row's RoPE position
-        (start + depth, pack's second block) and a per-row ancestor set for the attention kernel."""
+        Trees change only the pass's int32 array (ragged_plan), so a graph runs them too."""
         from specdec.models.ragged_plan import RaggedPlan, exact_layout
         from specdec.models.triton_forward import forward_rows
 
         plan = RaggedPlan(tuple(counts), tuple(self._lens[s] for s in slots), tuple(s * self.stride for s in slots),
-                          tuple(want))
+                          tuple(want), None if trees is None else tuple(trees))
         wanted = sum(n for n, w in zip(counts, want) if w)
         rows = self.options.bucket(plan.rows)
         if rows is None:
@@ -340,5 +347,3 @@ class NativeSlots(SlotModel):
         mine = feats[row:row + n].view(n, len(capture) + 1, self.arch.dim)
         return mine[:, [capture.index(i) for i in layers] + [len(capture)]].reshape(n, -1)
 
-
-__all__ = ["NativeSlots", "SlotOptions", "cache_slots", "slot_stride", "split_passes"]

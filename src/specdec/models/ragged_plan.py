@@ -4,7 +4,9 @@ A NativeSlots pass on the fused kernels needs, per row, the cache slot its k and
 position inside its own sequence, the attention block table and work list
 (triton_attention), and which rows feed the LM head's outputs the caller wants. The host knows
 every sequence's cache length, so it builds all of them as one int32 array; a CUDA graph of a
-fixed row capacity keeps one such array (MetaLayout) and each step copies into it once. Rows past
+fixed row capacity keeps one such array (MetaLayout) and each step copies into it once. A draft
+tree only changes what the array says (its rows' positions start + depth, their parents, a
+negative span in its blocks), so one graph runs causal passes and trees alike. Rows past
 the pass's real ones (padding up to the graph's capacity) write their k and v to a scratch region
 no sequence owns and belong to no attention block.
 """
@@ -12,17 +14,20 @@ no sequence owns and belong to no attention block.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 import torch
 import triton
 
-from specdec.models.triton_attention import CHUNK, ROWS, AttentionRows, blocks_of, work_list
+from specdec.models.triton_attention import BLOCK_FIELDS, CHUNK, ROWS, AttentionRows, blocks_of, work_list
 from specdec.models.triton_forward import PassRows, forward_rows
+from specdec.trees import depths
 
 
 @dataclass(frozen=True)
 class MetaLayout:
-    """Capacities of one pass's int32 array: rows, attention blocks, work pairs."""
+    """Capacities of one pass's int32 array: rows (slots, rope, head rows, tree parents), attention
+    blocks, work pairs."""
 
     rows: int
     blocks: int
@@ -37,27 +42,39 @@ class MetaLayout:
 
     @property
     def size(self) -> int:
-        return 3 * self.rows + 4 * self.blocks + 2 * self.pairs + 1
+        return 4 * self.rows + BLOCK_FIELDS * self.blocks + 2 * self.pairs + 1
 
     def views(self, meta: torch.Tensor, chunks: int) -> tuple[PassRows, torch.Tensor]:
         """(PassRows over `meta` [size] int32, the head rows [rows]) as views: no copies."""
         r, b, w = self.rows, self.blocks, self.pairs
-        slots, rope, head = meta[:r], meta[r:2 * r], meta[2 * r:3 * r]
-        blocks = meta[3 * r:3 * r + 4 * b].view(b, 4)
-        pairs = meta[3 * r + 4 * b:3 * r + 4 * b + 2 * w].view(w, 2)
+        slots, rope, head, parents = meta[:r], meta[r:2 * r], meta[2 * r:3 * r], meta[3 * r:4 * r]
+        at = 4 * r + BLOCK_FIELDS * b
+        blocks = meta[4 * r:at].view(b, BLOCK_FIELDS)
+        pairs = meta[at:at + 2 * w].view(w, 2)
         count = meta[self.size - 1:]
-        return PassRows(slots, rope, AttentionRows(blocks, chunks, (pairs, count))), head
+        return PassRows(slots, rope, AttentionRows(blocks, chunks, (pairs, count), parents=parents)), head
 
 
 @dataclass(frozen=True)
 class RaggedPlan:
     """One pass over sequences i with counts[i] new tokens after starts[i] cached ones, their cache
-    at bases[i]; want[i]: whether sequence i's rows feed the returned logits."""
+    at bases[i]; want[i]: whether sequence i's rows feed the returned logits; trees[i]: its rows'
+    parents (specdec.trees; row r at position starts[i] + depth(r), cached at starts[i] + r) or
+    None for causal rows (trees None: all causal)."""
 
     counts: tuple[int, ...]
     starts: tuple[int, ...]
     bases: tuple[int, ...]
     want: tuple[bool, ...]
+    trees: tuple[tuple[int, ...] | None, ...] | None = None
+
+    def tree(self, i: int) -> tuple[int, ...] | None:
+        return None if self.trees is None else self.trees[i]
+
+    def positions(self, i: int) -> np.ndarray:
+        """Sequence i's rows' positions inside their sequence [counts[i]]."""
+        tree, start = self.tree(i), self.starts[i]
+        return np.arange(start, start + self.counts[i]) if tree is None else start + np.asarray(depths(tree))
 
     @property
     def rows(self) -> int:
@@ -75,17 +92,20 @@ class RaggedPlan:
         pad = np.arange(r - self.rows)
         meta[:r] = np.concatenate([np.arange(b + s, b + s + n) for b, s, n in zip(self.bases, self.starts, self.counts)]
                                   + [scratch + pad % scratch_len])
-        meta[r:2 * r - len(pad)] = np.concatenate([np.arange(s, s + n) for s, n in zip(self.starts, self.counts)]
+        meta[r:2 * r - len(pad)] = np.concatenate([self.positions(i) for i in range(len(self.counts))]
                                                   + [np.zeros(0, dtype=np.int64)])
         head = self.head_rows()
         meta[2 * r:2 * r + len(head)] = head
+        if self.trees is not None:  # a causal pass leaves them 0: no block reads them
+            meta[3 * r:4 * r - len(pad)] = np.concatenate([np.asarray(t if t is not None else [-1] * n)
+                                                           for t, n in zip(self.trees, self.counts)])
         blocks, pairs = self.attention_tables(group)
         if len(blocks) > layout.blocks:
             raise ValueError(f"{len(blocks)} attention blocks exceed the layout's {layout.blocks}")
-        at = 3 * r
+        at = 4 * r
         if blocks:
-            meta[at:at + 4 * len(blocks)] = np.asarray(blocks, dtype=np.int32).ravel()
-        at += 4 * layout.blocks
+            meta[at:at + BLOCK_FIELDS * len(blocks)] = np.asarray(blocks, dtype=np.int32).ravel()
+        at += BLOCK_FIELDS * layout.blocks
         if len(pairs) > layout.pairs:
             raise ValueError(f"{len(pairs)} attention work pairs exceed the layout's {layout.pairs}")
         if pairs:
@@ -94,15 +114,15 @@ class RaggedPlan:
         return meta
 
     def attention_tables(self, group: int) -> tuple[list[list[int]], list[list[int]]]:
-        """The block table (tok0, ntok, r0, base) of every sequence in order, and the work list of
-        the (block, chunk) pairs they reach (triton_attention.blocks_of, work_list)."""
-        blocks, ends, tok0 = [], [], 0
-        for n, start, base in zip(self.counts, self.starts, self.bases):
-            mine = blocks_of(n, group, tok0, base)
-            blocks += mine
-            ends += [start + n] * len(mine)
+        """The block table (tok0, ntok, r0, base, span) of every sequence in order, and the work list
+        of the (block, chunk) pairs they reach (triton_attention.AttentionRows, blocks_of, work_list)."""
+        blocks, tok0 = [], 0
+        for i, (n, start, base) in enumerate(zip(self.counts, self.starts, self.bases)):
+            tree = self.tree(i)
+            span = start + n if tree is None else -(start + max(depths(tree)) + 1)
+            blocks += blocks_of(n, group, tok0, base, span)
             tok0 += n
-        return blocks, work_list(blocks, ends)
+        return blocks, work_list(blocks)
 
 
 def exact_layout(plan: RaggedPlan, group: int) -> MetaLayout:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 
-from specdec.models.triton_attention import AttentionRows, attention, one_sequence
+from specdec.models.triton_attention import CHUNK, AttentionRows, attention, one_sequence
 from specdec.models.triton_ops import NormInput, embed, gemv, gemv_then_norm, qkv_rope, rms_norm
 
 
@@ -59,6 +60,21 @@ def forward_rows(net, tokens: torch.Tensor, rows: PassRows, capture: tuple[int, 
     if head_in.shape[0] == 0:
         return head_in.new_empty(0, a.vocab_size), features
     return gemv(head_in, net.lm_weight()), features
+
+
+def forward_tree(net, tokens: torch.Tensor, start: int, parents: tuple[int, ...],
+                 capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """A tree pass of one sequence from slot 0 (NativeLlama's cache): tokens [n] after `start` cached
+    ones, row r at position start + depth(r) with parents (specdec.trees), its k and v at slot
+    start + r -> as forward_rows. The graphed steps' kernels, unrecorded (their one-sequence table
+    knows no tree): each row's logits are those of its path's graphed single steps."""
+    from specdec.models.ragged_plan import RaggedPlan, exact_layout
+
+    plan = RaggedPlan((int(tokens.shape[0]),), (start,), (0,), (True,), trees=(tuple(parents),))
+    layout = exact_layout(plan, net.arch.group)
+    meta = torch.from_numpy(plan.pack(layout, net.arch.group, 0, 1)).to(tokens.device)
+    rows, _ = layout.views(meta, triton.cdiv(net.slots, CHUNK))
+    return forward_rows(net, tokens, rows, capture)
 
 
 def forward(net, tokens: torch.Tensor, pos: torch.Tensor,
