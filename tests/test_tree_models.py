@@ -226,7 +226,7 @@ def test_loop_slots_hand_each_model_its_tree():
 def test_paths_without_tree_passes_refuse_trees_by_name():
     hf = tiny_llama(0, layers=2, scale=8.0).model
     graphed = NativeLlama.from_hf(hf, "graphed", 64, cuda_graphs=True)  # the graphed step, run eagerly on a CPU
-    with pytest.raises(NotImplementedError, match="graphed: tree passes run on the eager path only"):
+    with pytest.raises(NotImplementedError, match="graphed: its graphed torch steps take no draft tree"):
         graphed.forward(random_tokens(4, 60), tree=(-1, 0, 0, 1))
     assert graphed.cache_len == 0
     markov = MarkovLM(VOCAB, seed=0)
@@ -238,17 +238,3 @@ def test_paths_without_tree_passes_refuse_trees_by_name():
     markov.keep_rows(0, [0, 1])
     assert markov.cache_len == 2
 
-
-def test_the_fused_paths_refuse_trees():
-    pytest.importorskip("specdec.models.triton_ops")
-    from tests.test_native import hf_model
-    from tests.test_triton_kernels import FUSED, WIDE
-
-    wide = hf_model("llama-untied", **WIDE)  # a head dim the kernels take (Triton's interpreter runs them)
-    fused = NativeSlots.from_hf(wide, "fused slots", 2, 64, fused=True, pack=False)
-    with pytest.raises(NotImplementedError, match="fused Triton pass takes no draft tree"):
-        fused.forward_ragged([0], [random_tokens(3, 62)], trees=[(-1, 0, 0)])
-    assert fused.cache_len(0) == 0
-    alone = NativeLlama.from_hf(wide, "fused alone", 64, options=FUSED, pack=False)
-    with pytest.raises(NotImplementedError, match="fused alone: tree passes run on the eager path only"):
-        alone.forward(random_tokens(30, 63), tree=tuple(range(-1, 28)) + (0,))  # too long for a graph
