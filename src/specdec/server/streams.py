@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from specdec.generation import EmittedToken, SpecStats
+from specdec.generation import EmittedToken, RoundTree, SpecStats
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import APIError
 
@@ -24,6 +24,23 @@ class TokenEvent:
     text: str  # new text (may hold several tokens' worth when a piece was held back)
     tokens: list[dict]  # [{"id", "origin", "round"} (+ "logprob", "top_logprobs")] for the tokens this text came from
     stats: dict  # running counts: rounds, drafted, accepted, generated
+    tree: "TreeOfRound | None" = None  # the newest tree round whose first token is among `tokens`
+
+
+@dataclass(frozen=True)
+class TreeOfRound:
+    """A tree round's draft tree, with the round it belongs to (a stream's web view draws it)."""
+
+    round_index: int
+    tree: RoundTree
+
+    def fields(self, piece: Callable[[int], str]) -> dict:
+        """The stream's `specdec.tree`: each node's text (`piece(token_id)`, decoded alone), parents
+        (-1: the root, the text's newest token), the kept path (node indices, root's child first),
+        and the round."""
+        tree = self.tree
+        return {"round": self.round_index, "tokens": [piece(token) for token in tree.tokens],
+                "parents": list(tree.parents), "path": list(tree.path)}
 
 
 @dataclass(frozen=True)
@@ -61,6 +78,7 @@ class ChoiceStream:
         self.last = arrived
         self.arrived = arrived
         self.pending: list[dict] = []
+        self.tree: TreeOfRound | None = None  # of the pending tokens (decoded on the loop, not here)
         self.every: list[dict] = []
         self.count = 0
 
@@ -70,6 +88,8 @@ class ChoiceStream:
             self.metrics.token_latency(first=self.count == 0, seconds=now - self.last)
             self.last, self.count = now, self.count + 1
             record = token_record(token)
+            if token.tree is not None:  # text held back across rounds: the newest tree wins
+                self.tree = TreeOfRound(token.round_index, token.tree)
             self.pending.append(record)
             if self.keep_tokens:
                 self.every.append(record)
