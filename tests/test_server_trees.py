@@ -56,7 +56,8 @@ def newest_round_starts(choices: list[dict]) -> dict[int, int]:
 
 def check_kept_path(tree: dict, choice: dict, first: int) -> None:
     """The round's tokens from its first (`first` in this chunk) are the kept path's nodes, as
-    `accepted`, then one recovered or bonus token; when the round starts the chunk, so does its text."""
+    `accepted`, then one recovered or bonus token (the tree's `next`); when the round starts the
+    chunk, so does its text."""
     info = choice["specdec"]
     records = [t for t in info["tokens"][first:] if t["round"] == tree["round"]]
     kept = [tree["tokens"][node] for node in tree["path"]]
@@ -65,6 +66,8 @@ def check_kept_path(tree: dict, choice: dict, first: int) -> None:
     assert [t["origin"] for t in records[:len(kept)]] == ["accepted"] * len(kept)
     assert len(records) <= len(kept) + 1  # the answer's last round may end early (max_tokens)
     assert all(t["origin"] in ("recovered", "bonus") for t in records[len(kept):])
+    after = [{"token": piece([t["id"]]), "origin": t["origin"]} for t in records[len(kept):]]
+    assert tree["next"] == (after[0] if after else None)  # the token the round emitted after its path
     if first == 0:
         text = choice["delta"]["content"] if "delta" in choice else choice["text"]
         words = [word for word in kept if word not in SPECIALS]  # specials are not part of the text
