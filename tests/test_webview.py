@@ -22,29 +22,34 @@ ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-net
 IMG_DIR = Path(os.environ.get("SPECDEC_SCREENSHOT_DIR") or Path(tempfile.gettempdir()) / "specdec-webview")
 
 
-def open_page(serve):
-    """The web view of the server that `serve()` starts, in headless Chromium (skips without it)."""
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium, one for the module (Playwright's sync API runs one instance at a time)."""
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip("Debian's chromium is not installed (make install runs scripts/install-chromium.sh as root)")
     sync_api = pytest.importorskip("playwright.sync_api")
-    server = serve()
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1320, "height": 900})
-        page.goto(server.url + "/")
-        yield page
+        yield browser
         browser.close()
 
 
-@pytest.fixture(scope="module")
-def page():
-    yield from open_page(lambda: shared_server(*WEB_SERVER))
+def open_page(browser, server):
+    """The web view of `server` in a new page."""
+    page = browser.new_page(viewport={"width": 1320, "height": 900})
+    page.goto(server.url + "/")
+    return page
 
 
 @pytest.fixture(scope="module")
-def tree_page():
+def page(browser):
+    return open_page(browser, shared_server(*WEB_SERVER))
+
+
+@pytest.fixture(scope="module")
+def tree_page(browser):
     """The web view of a server whose default draft is a tree draft (every round a tree round)."""
-    yield from open_page(tree_server)
+    return open_page(browser, tree_server())
 
 
 def shoot(page, selector: str, name: str) -> None:
