@@ -94,9 +94,3 @@ def test_each_tree_round_streams_its_tree_and_the_kept_path_is_the_rounds_text(p
                     if t["origin"] == "accepted"}
     assert kept_a_draft and kept_a_draft & set(newest) <= with_tree  # every one of them was a tree round
 
-
-def test_a_chain_drafter_streams_no_tree():
-    server = tree_server()
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 12, "draft": "lookup", "ignore_eos": True}
-    choices = stream_chunks(server.url, "/v1/completions", body)
-    assert choices and not any("tree" in (choice.get("specdec") or {}) for choice in choices)

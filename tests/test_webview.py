@@ -7,6 +7,7 @@ docs' pictures) or else in a temporary folder.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -77,6 +78,8 @@ def test_prompt_streams_tokens_coloured_by_origin(page):
     classes = set(page.eval_on_selector_all("#output span.tok", "els => els.map(e => e.classList[1])"))
     assert classes <= {"accepted", "recovered", "bonus"} and "accepted" in classes
     assert spans.first.get_attribute("title").startswith("round ")
+    assert page.locator("#tree g.node").count() == 0  # a chain draft: the tree panel draws nothing
+    assert re.match(r"round \d+: (a chain round|a plain step), no tree", page.inner_text("#tree-caption"))
     alpha = float(page.inner_text("#stat-alpha"))
     assert 0.0 <= alpha <= 1.0 and float(page.inner_text("#stat-tau")) >= 1.0
     shoot(page, "#live", "live")
