@@ -160,3 +160,13 @@ def torch_threads(n: int):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+TREE_SHAPE = "3x2"  # depth 3, two children a node: small trees with siblings to settle
+
+
+def tree_server() -> ServerProcess:
+    """The tiny pair served with the draft model drafting trees of TREE_SHAPE, 6 nodes every round
+    (a fixed K: every round is a tree round, and a seed draws the same sample again)."""
+    _, draft = build_tiny_models(tiny_root())
+    return shared_server("--draft", f"tree:{TREE_SHAPE}:{draft}", "--speculation", "6")

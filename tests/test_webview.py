@@ -7,13 +7,14 @@ docs' pictures) or else in a temporary folder.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.server_tiny_model import shared_server
+from tests.server_tiny_model import SPECIALS, shared_server, tree_server
 
 CHROMIUM = "/usr/bin/chromium"
 WEB_SERVER = ("--speculation", "3")  # a fixed K: every round drafts, and a seed draws the same sample again
@@ -23,17 +24,33 @@ IMG_DIR = Path(os.environ.get("SPECDEC_SCREENSHOT_DIR") or Path(tempfile.gettemp
 
 
 @pytest.fixture(scope="module")
-def page():
+def browser():
+    """Headless Chromium, one for the module (Playwright's sync API runs one instance at a time)."""
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip("Debian's chromium is not installed (make install runs scripts/install-chromium.sh as root)")
     sync_api = pytest.importorskip("playwright.sync_api")
-    server = shared_server(*WEB_SERVER)
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1320, "height": 900})
-        page.goto(server.url + "/")
-        yield page
+        yield browser
         browser.close()
+
+
+def open_page(browser, server):
+    """The web view of `server` in a new page."""
+    page = browser.new_page(viewport={"width": 1320, "height": 900})
+    page.goto(server.url + "/")
+    return page
+
+
+@pytest.fixture(scope="module")
+def page(browser):
+    return open_page(browser, shared_server(*WEB_SERVER))
+
+
+@pytest.fixture(scope="module")
+def tree_page(browser):
+    """The web view of a server whose default draft is a tree draft (every round a tree round)."""
+    return open_page(browser, tree_server())
 
 
 def shoot(page, selector: str, name: str) -> None:
@@ -61,6 +78,8 @@ def test_prompt_streams_tokens_coloured_by_origin(page):
     classes = set(page.eval_on_selector_all("#output span.tok", "els => els.map(e => e.classList[1])"))
     assert classes <= {"accepted", "recovered", "bonus"} and "accepted" in classes
     assert spans.first.get_attribute("title").startswith("round ")
+    assert page.locator("#tree g.node").count() == 0  # a chain draft: the tree panel draws nothing
+    assert re.match(r"round \d+: (a chain round|a plain step), no tree", page.inner_text("#tree-caption"))
     alpha = float(page.inner_text("#stat-alpha"))
     assert 0.0 <= alpha <= 1.0 and float(page.inner_text("#stat-tau")) >= 1.0
     shoot(page, "#live", "live")
@@ -140,3 +159,46 @@ def test_speedup_calculator_follows_the_formula(page):
     assert page.inner_text("#calc-speedup") == f"{expected_speedup(0.8, 4, 0.05):.2f}x"
     assert page.inner_text("#calc-best").startswith(f"{best_k(0.8, 0.05).k} ")
     shoot(page, "#calc", "calc")
+
+
+def test_the_tree_panel_draws_each_rounds_tree_with_the_kept_path_highlighted(tree_page):
+    page = tree_page
+    page.fill("#prompt", "hello what is the draft token")
+    page.fill("#temperature", "1")
+    page.fill("#max-tokens", "40")
+    page.fill("#seed", "3")
+    page.click("#generate")
+    page.wait_for_function("document.body.dataset.done === '1'", timeout=60_000)
+    assert page.locator("#error").is_hidden()
+    latest = page.get_attribute("#tree", "data-round")  # the newest tree round (the last rounds may not draft)
+    assert latest is not None and page.locator("#tree g.node").count() > 1
+    page.locator(f"#output span.tok[data-round='{latest}']").first.click()  # its caption back
+    check_drawn_tree(page)
+    first = page.locator("#output span.tok").first  # a click shows the tree of the token's round
+    first.click()
+    assert "selected" in first.get_attribute("class").split()
+    assert page.get_attribute("#tree", "data-round") == first.get_attribute("data-round") != latest
+    check_drawn_tree(page)
+    shoot(page, "#live", "tree")
+
+
+def check_drawn_tree(page) -> None:
+    """The drawing matches its caption ("round R: N nodes, M kept, then ORIGIN"): one root, N draft
+    nodes, the M kept ones highlighted and joined by highlighted edges, the token after them coloured by
+    its origin, and the kept nodes' text is how round R's text starts in the output."""
+    round_index = page.get_attribute("#tree", "data-round")
+    caption = page.inner_text("#tree-caption")
+    assert caption.startswith(f"round {round_index}: ")
+    nodes, kept = (int(caption.split(": ")[1].split()[i]) for i in (0, 2))
+    assert page.locator("#tree g.node.root").count() == 1
+    assert page.locator("#tree g.node:not(.root):not(.next)").count() == nodes >= 1
+    labels = page.locator("#tree g.node.kept text").all_text_contents()  # in node order: the path, root first
+    assert len(labels) == kept <= nodes
+    following = page.locator("#tree g.node.next")
+    assert following.count() == ("then " in caption)
+    if following.count():
+        assert following.get_attribute("class").split()[-1] == caption.rsplit(" ", 1)[-1]
+    assert page.locator("#tree path.edge.kept").count() == kept + following.count()
+    span = page.locator(f"#output span.tok[data-round='{round_index}']").first
+    words = [label for label in labels if label not in SPECIALS]  # specials are not part of the text
+    assert span.inner_text().split()[:len(words)] == words

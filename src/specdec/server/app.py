@@ -408,6 +408,16 @@ def _sse_data(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
+def _token_fields(state: ServerState, event: TokenEvent) -> dict:
+    """A streamed chunk's `specdec` field: its first token's origin and round, its tokens, the running
+    counts, and the draft tree of a tree round that starts in it (`tree`, docs/server.md)."""
+    first = event.tokens[0] if event.tokens else {}
+    fields = {"origin": first.get("origin"), "round": first.get("round"), "tokens": event.tokens, "stats": event.stats}
+    if event.tree is not None:
+        fields["tree"] = event.tree.fields(state.token_text)
+    return fields
+
+
 async def _sse(state: ServerState, job: Job, events: AsyncIterator[object], rid: str, chat: bool,
                include_usage: bool) -> AsyncIterator[str]:
     model = state.config.model_name
@@ -428,9 +438,7 @@ async def _sse(state: ServerState, job: Job, events: AsyncIterator[object], rid:
                 yield _sse_data(P.chat_chunk(rid, model, i, {"role": "assistant", "content": ""}, None, None))
         async for event in events:
             if isinstance(event, TokenEvent):
-                first = event.tokens[0] if event.tokens else {}
-                yield chunk(event.index, event.text, None, {"origin": first.get("origin"), "round": first.get("round"),
-                                                            "tokens": event.tokens, "stats": event.stats}, event.tokens)
+                yield chunk(event.index, event.text, None, _token_fields(state, event), event.tokens)
             elif isinstance(event, ErrorEvent):
                 yield _sse_data(event.error.body())
                 break

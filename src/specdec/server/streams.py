@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from specdec.generation import EmittedToken, SpecStats
+from specdec.generation import EmittedToken, RoundTree, SpecStats
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import APIError
 
@@ -24,6 +24,34 @@ class TokenEvent:
     text: str  # new text (may hold several tokens' worth when a piece was held back)
     tokens: list[dict]  # [{"id", "origin", "round"} (+ "logprob", "top_logprobs")] for the tokens this text came from
     stats: dict  # running counts: rounds, drafted, accepted, generated
+    tree: "TreeOfRound | None" = None  # the newest tree round whose first token is among `tokens`
+
+
+@dataclass(frozen=True)
+class TreeOfRound:
+    """A tree round's draft tree, the round it belongs to, and the token the round emitted after the
+    kept path (recovered or bonus; None when the answer ended first). A stream's web view draws it."""
+
+    round_index: int
+    tree: RoundTree
+    next_token: EmittedToken | None
+
+    def fields(self, piece: Callable[[int], str]) -> dict:
+        """The stream's `specdec.tree`: each node's text (`piece(token_id)`, decoded alone), parents
+        (-1: the root, the text's newest token), the kept path (node indices, root's child first),
+        the round, and `next`: the recovered or bonus token's text and origin (or None)."""
+        tree, after = self.tree, self.next_token
+        following = None if after is None else {"token": piece(after.token_id), "origin": after.origin.value}
+        return {"round": self.round_index, "tokens": [piece(token) for token in tree.tokens],
+                "parents": list(tree.parents), "path": list(tree.path), "next": following}
+
+
+def tree_of_round(tokens: list[EmittedToken], first: int) -> TreeOfRound:
+    """The tree that tokens[first] carries (the first token of its round; the round's tokens follow it)."""
+    head = tokens[first]
+    kept = len(head.tree.path)
+    rest = [token for token in tokens[first:] if token.round_index == head.round_index]
+    return TreeOfRound(head.round_index, head.tree, rest[kept] if kept < len(rest) else None)
 
 
 @dataclass(frozen=True)
@@ -61,15 +89,18 @@ class ChoiceStream:
         self.last = arrived
         self.arrived = arrived
         self.pending: list[dict] = []
+        self.tree: TreeOfRound | None = None  # of the pending tokens (decoded on the loop, not here)
         self.every: list[dict] = []
         self.count = 0
 
     def __call__(self, handle, tokens: list[EmittedToken]) -> None:
         now = time.perf_counter()
-        for token in tokens:
+        for i, token in enumerate(tokens):
             self.metrics.token_latency(first=self.count == 0, seconds=now - self.last)
             self.last, self.count = now, self.count + 1
             record = token_record(token)
+            if token.tree is not None:  # text held back across rounds: the newest tree wins
+                self.tree = tree_of_round(tokens, i)
             self.pending.append(record)
             if self.keep_tokens:
                 self.every.append(record)
@@ -78,8 +109,9 @@ class ChoiceStream:
         if delta:
             s = handle.stats
             self.emit(TokenEvent(self.index, delta, self.pending, {"rounds": s.rounds, "drafted": s.drafted,
-                                                                     "accepted": s.accepted, "generated": s.generated}))
-            self.pending = []
+                                                                     "accepted": s.accepted, "generated": s.generated},
+                                 self.tree))
+            self.pending, self.tree = [], None
         if handle.done:
             self.finish(handle)
 

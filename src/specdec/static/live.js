@@ -1,12 +1,14 @@
 // Panel 1: stream a chat completion and colour each token by where it came from.
 // The server adds a non-standard `specdec` field to each streamed choice:
 //   {origin: "accepted"|"recovered"|"bonus", round, tokens: [...], stats: {rounds, drafted, accepted, generated}}
+// and, on the chunk where a tree round starts, `tree` (the round's draft tree; tree.js draws it).
 "use strict";
 
 (function () {
   const $ = (id) => document.getElementById(id);
   let modelId = null;
   let controller = null;
+  const trees = window.SpecdecTree.panel($("tree"), $("tree-caption"), $("output"));
 
   function headers() {
     const h = { "Content-Type": "application/json" };
@@ -71,7 +73,7 @@
     span.className = "tok " + (info.origin || "bonus");
     span.textContent = text;
     span.title = `round ${info.round} · ${info.origin}`;
-    span.dataset.round = info.round;
+    span.dataset.round = info.tree ? info.tree.round : info.round;  // the round whose tree a click shows
     $("output").appendChild(span);
   }
 
@@ -112,6 +114,7 @@
 
   async function generate() {
     $("output").textContent = "";
+    trees.reset();
     $("error").hidden = true;
     controller = new AbortController();
     $("generate").disabled = true;
@@ -137,6 +140,7 @@
         firstAt = firstAt || performance.now();
         tokens += info.tokens.length;
         appendPiece(choice.delta.content, info);
+        trees.note(info);
         showStats(info.stats, tokens, (performance.now() - firstAt) / 1000);
       }
     } catch (err) {
