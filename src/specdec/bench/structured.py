@@ -45,6 +45,8 @@ def register(sub) -> None:
                    help="tasks to run, one schema after another (default: %(default)s, the workload has 32)")
     p.add_argument("--random-8b", action="store_true",
                    help="a random-weight Llama-3.1-8B target on CUDA (mask cost against an 8B step)")
+    p.add_argument("--prompts", choices=sorted(PROMPT_STYLES), default="task",
+                   help="task: the instruction and the text; schema: then the JSON schema too (default: %(default)s)")
     p.add_argument("--mask-check", action="store_true",
                    help="add spec constrained with its masks in line (not beside the pass) and an A/A copy")
     p.add_argument("--tokenizer", metavar="DIR", default=None,
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     target, tokenizer, eos, drafter, name = _random_8b(args) if args.random_8b else _loaded(args)
     tasks = _spread(load_tasks(), args.tasks)
     engines = _engines(target, tokenizer, eos, drafter, args.mask_check)
-    _warm_up(engines, tokenizer, tasks[0])
+    _warm_up(engines, tokenizer, tasks[0], args.prompts)
     totals, checks = _run_tasks(engines, tokenizer, tasks, args)
     report(args, name, drafter.name, totals, checks)
     return 0
@@ -129,20 +131,30 @@ def _mask_check_engines(target, tokenizer, eos, decode, drafter, drafting) -> di
             MASK_CHECK[1]: Engine(target, drafter, eos, decode, grammars=drafting)}
 
 
-def _prompt_ids(tokenizer, task) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": task.prompt}], add_generation_prompt=True,
+# --prompts: what the user's message holds. "task": the task's instruction and text alone (the model is
+# not told the answer's shape; unconstrained, the embedded model repeats the text). "schema": the same,
+# then the JSON schema the answer must follow, as structured-output requests usually state it (the
+# OpenAI and vLLM guides put the schema or the format in the prompt as well as in response_format).
+PROMPT_STYLES = {"task": lambda task: task.prompt,
+                 "schema": lambda task: (f"{task.prompt}\n\nAnswer with a JSON object only, following this JSON "
+                                         f"schema:\n{json.dumps(task.schema, separators=(',', ':'))}")}
+
+
+def _prompt_ids(tokenizer, task, style: str = "task") -> list[int]:
+    content = PROMPT_STYLES[style](task)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
                                         tokenize=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def _warm_up(engines: dict, tokenizer, task) -> None:
+def _warm_up(engines: dict, tokenizer, task, style: str) -> None:
     """A few untimed tokens through every mode: CUDA graphs, the grammar's tokenizer tables."""
     from specdec.constraints import ConstraintSpec
     from specdec.generation import GenerationConfig
 
     for mode, engine in engines.items():
         spec = ConstraintSpec.json_schema(task.schema) if _constrained(mode) else None
-        engine.generate(_prompt_ids(tokenizer, task), GenerationConfig(max_new_tokens=8, constraint=spec))
+        engine.generate(_prompt_ids(tokenizer, task, style), GenerationConfig(max_new_tokens=8, constraint=spec))
 
 
 def _run_tasks(engines: dict, tokenizer, tasks: list, args) -> tuple[dict, dict]:
@@ -158,7 +170,7 @@ def _run_tasks(engines: dict, tokenizer, tasks: list, args) -> tuple[dict, dict]
                   "generated": 0}
               for m in modes if _constrained(m)}
     for i, task in enumerate(progress(tasks, desc="structured")):
-        ids = _prompt_ids(tokenizer, task)
+        ids = _prompt_ids(tokenizer, task, args.prompts)
         spec = ConstraintSpec.json_schema(task.schema)
         order = modes if i % 2 == 0 else modes[::-1]
         outputs = {}
@@ -217,7 +229,7 @@ def report(args, target_name: str, draft_name: str, totals: dict, checks: dict) 
                        grammar_drafts_kept=c["grammar_accepted"] / max(1, c["grammar_drafted"]),
                        mask_ms_per_step=per_step * 1e3, mask_fraction_of_plain_step=per_step / plain_step)
         rows.append(row)
-    title = (f"structured output: {target_name} + {draft_name}, K={args.k}, {args.tasks} tasks, "
+    title = (f"structured output: {target_name} + {draft_name}, K={args.k}, {args.tasks} tasks ({args.prompts} prompts), "
              f"{args.max_new_tokens} new tokens max, {machine_name()}")
     print_table(title, ["mode", "tok/s", "tau", "gain", "valid", "same as plain c.", "forced", "grammar drafts",
                         "grammar ms/step", "of a plain step", "masks beside ms/step", "of a plain step"],
@@ -233,6 +245,7 @@ def report(args, target_name: str, draft_name: str, totals: dict, checks: dict) 
     spec_c = rows[MODES.index("spec constrained")]
     data = {"command": "structured", "target": target_name, "draft": draft_name, "k": args.k, "tasks": args.tasks,
             "max_new_tokens": args.max_new_tokens, "random_8b": args.random_8b, "mask_check": args.mask_check,
+            "prompts": args.prompts,
             "modes": rows,
             "plain_step_ms": plain_step * 1e3, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     finish(args, "structured", data, ScoreRow(
