@@ -29,7 +29,7 @@ def start_constraint(grammars, config: GenerationConfig, vocab: int,
         raise InvalidRequestError("this engine has no tokenizer for constraints: build it with "
                                   "grammars=GrammarCompiler(tokenizer) to serve JSON schemas, regexes and grammars")
     return SequenceConstraint(grammars.matcher(config.constraint), vocab, device, grammars.grammar_drafts,
-                              grammars.mask_width, grammars.overlap_masks)
+                              grammars.mask_width, grammars.overlap_masks, grammars.ll_tokenizer)
 
 
 def grammar_drafts(constraints: Sequence[SequenceConstraint | None], ks: Sequence[int],

@@ -4,7 +4,8 @@ rollback with the caches.
 Between rounds the matcher has consumed exactly the sequence's generated text (the prompt is not
 constrained). A round:
 1. grammar_draft(limit): the tokens the grammar dictates from here (llguidance's fast-forward
-   tokens), drafted with one-hot q at no draft cost; the matcher advances along them.
+   tokens, then the rest of the forced text tokenized), drafted with one-hot q at no draft cost;
+   the matcher advances along them.
 2. fit_draft(draft, generator): the drafter's proposal after them, walked under the grammar
    (masks.settle_draft_row: a one-hot draft is cut where it leaves the grammar, a sampled one
    follows the masked q), then again what the grammar dictates after it, up to the round's limit
@@ -54,11 +55,14 @@ class SequenceConstraint:
     vocab: the width of the target's logits; device: the target's. grammar_drafts: False drafts
     nothing from the grammar (plain constrained decoding, a benchmark's baseline). mask_width: the
     tokens the matcher's masks cover (the tokenizer's; None: vocab); those past it are never allowed.
-    overlap_masks: the verify's masks are computed beside the target's pass (constraints.overlap)."""
+    overlap_masks: the verify's masks are computed beside the target's pass (constraints.overlap).
+    ll_tokenizer: the matcher's llguidance tokenizer, to draft the forced text that the fast-forward
+    tokens leave (None: the fast-forward tokens only)."""
 
     def __init__(self, matcher, vocab: int, device: torch.device, grammar_drafts: bool = True,
-                 mask_width: int | None = None, overlap_masks: bool = True):
+                 mask_width: int | None = None, overlap_masks: bool = True, ll_tokenizer=None):
         self._matcher = matcher
+        self._ll_tokenizer = ll_tokenizer
         self.grammar_drafts = grammar_drafts
         self.overlap_masks = overlap_masks
         self.seconds = 0.0  # host seconds of grammar work in the step's critical path so far
@@ -92,17 +96,39 @@ class SequenceConstraint:
 
     def _forced_run(self, limit: int) -> list[int]:
         """Up to limit tokens the grammar dictates from the matcher's state (none without grammar
-        drafts): llguidance's fast-forward tokens (the forced text, tokenized), consumed. No mask is
-        computed: at every prefix of the workload's 32 documents, no position after the fast-forward
-        tokens allowed a single token (946 states; docs/structured.md), so a
-        mask there (once a run, in the critical path) bought nothing."""
+        drafts), consumed: llguidance's fast-forward tokens (the forced text, tokenized), then the
+        rest of the forced text that they leave (_forced_guess). No mask is computed: at every prefix
+        of the workload's 32 documents, no position after the fast-forward tokens allowed a single
+        token (946 states; docs/structured.md), so a mask there (in the critical path) bought nothing."""
         tokens = []
         if limit <= 0 or not self.grammar_drafts or self.stopped:
             return tokens
+        forced = self._matcher.compute_ff_bytes() if self._ll_tokenizer is not None else b""
         for token in self._matcher.compute_ff_tokens()[:limit]:
             self._consume(token)
             tokens.append(token)
+        if forced and len(tokens) < limit and not self.stopped:
+            tokens += self._forced_guess(forced, tokens, limit - len(tokens))
         return tokens
+
+    def _forced_guess(self, forced: bytes, ff: list[int], limit: int) -> list[int]:
+        """The forced text past the fast-forward tokens ff (llguidance holds back a last token that the
+        free text after it could merge into: `":"` before a string value, the opening quote), tokenized
+        canonically, consumed: up to limit tokens. A guess at the target's tokenization (it may write
+        `":` then `"`), and a function of the text before it, so its one-hot q is what it was drawn
+        from (rule 1); cut where the grammar refuses a token."""
+        done = self._ll_tokenizer.decode_bytes(ff)
+        if len(forced) <= len(done) or not forced.startswith(done):
+            return []
+        guessed = []
+        for token in self._ll_tokenizer.tokenize_bytes(forced[len(done):])[:limit]:
+            if self._matcher.validate_tokens([token]) != 1:
+                break
+            self._consume(token)
+            guessed.append(token)
+            if self.stopped:
+                break
+        return guessed
 
     @_timed
     def fit_draft(self, draft: Draft | None, generator: torch.Generator) -> Draft:
