@@ -99,7 +99,7 @@ class SequenceConstraint:
         drafts), consumed: llguidance's fast-forward tokens (the forced text, tokenized), then the
         rest of the forced text that they leave (_forced_guess). No mask is computed: at every prefix
         of the workload's 32 documents, no position after the fast-forward tokens allowed a single
-        token (946 states; docs/structured.md), so a mask there (in the critical path) bought nothing."""
+        token (925 states; docs/structured.md), so a mask there (in the critical path) bought nothing."""
         tokens = []
         if limit <= 0 or not self.grammar_drafts or self.stopped:
             return tokens
