@@ -17,11 +17,14 @@ def model_dir(tmp_path_factory):
 
 def test_structured_bench_reports_every_mode_and_identity(model_dir, tmp_path):
     code, data = run_bench(["structured", "--target", model_dir, "--draft", "lookup", "--tasks", "2",
-                            "--max-new-tokens", "12"], tmp_path)
+                            "--max-new-tokens", "12", "--mask-check"], tmp_path)
     assert code == 0
     modes = {row["mode"]: row for row in data["modes"]}
-    assert list(modes) == ["plain", "spec", "plain constrained", "grammar drafts", "spec constrained"]
-    for mode in ("plain constrained", "grammar drafts", "spec constrained"):
+    assert list(modes) == ["plain", "spec", "plain constrained", "grammar drafts", "spec constrained",
+                           "spec constrained, masks in line", "spec constrained, A/A copy"]
+    for mode in list(modes)[2:]:
         assert modes[mode]["identical_to_plain_constrained"] == 1.0
         assert modes[mode]["mask_ms_per_step"] > 0
+    assert modes["spec constrained"]["masks_beside_pass_ms_per_step"] > 0
+    assert modes["spec constrained, masks in line"]["masks_beside_pass_ms_per_step"] == 0
     assert modes["grammar drafts"]["tau"] > 1.0  # the schema's keys come as free drafts

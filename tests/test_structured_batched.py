@@ -106,3 +106,23 @@ def test_under_the_auto_policy_greedy_still_equals_plain(setup):
     engine.run()
     for (prompt, cfg), handle in zip(jobs, handles):
         assert list(handle.result().token_ids) == plain_greedy(model, grammars, cfg, prompt)
+
+
+def test_the_grammar_drafts_the_forced_text_that_the_fast_forward_tokens_hold_back(setup):
+    """Before a string value llguidance's fast-forward tokens stop short of the forced `":"` (a token
+    the value's text could merge into); the grammar drafts it too, as the tokenizer writes it."""
+    from specdec.constraints.sequence import SequenceConstraint
+
+    tokenizer, model, grammars = setup
+    spec = ConstraintSpec.json_schema(SCHEMAS[2])
+
+    def constraint(ll_tokenizer):
+        return SequenceConstraint(grammars.matcher(spec), model.config.vocab_size, torch.device("cpu"),
+                                  ll_tokenizer=ll_tokenizer)
+
+    fast_forward = grammars.matcher(spec).compute_ff_tokens()
+    assert constraint(None).grammar_draft(8) == fast_forward
+    drafted = constraint(grammars.ll_tokenizer).grammar_draft(8)
+    assert len(drafted) > len(fast_forward) and drafted[:len(fast_forward)] == fast_forward
+    assert tokenizer.decode(drafted) == '{"name":"'
+    assert constraint(grammars.ll_tokenizer).grammar_draft(len(fast_forward)) == fast_forward  # the limit holds

@@ -80,7 +80,8 @@ class SpecStats:
     grammar_drafted: int = 0  # constrained: drafts the grammar dictated (one-hot, no draft cost)
     grammar_accepted: int = 0  # of those, kept
     forced: int = 0  # constrained: emitted tokens whose mask allowed that token alone
-    constraint_time: float = 0.0  # constrained: host seconds of grammar work (masks, matcher walks)
+    constraint_time: float = 0.0  # constrained: host seconds of grammar work in the steps' critical path
+    constraint_overlapped_time: float = 0.0  # constrained: seconds of verify masks computed beside the target's pass
     generated: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
@@ -126,13 +127,16 @@ class SpecStats:
             self.drafted_per_position[i] += 1
             self.accepted_per_position[i] += int(i < verdict.num_accepted)
 
-    def record_grammar(self, drafted: int, accepted: int, forced: int, seconds: float) -> None:
+    def record_grammar(self, drafted: int, accepted: int, forced: int, seconds: float,
+                       overlapped: float = 0.0) -> None:
         """A constrained round: its grammar drafts, how many were kept, its emitted forced tokens, and
-        the grammar's host seconds since the last round."""
+        the grammar's host seconds since the last round (in the critical path; overlapped with the
+        target's pass)."""
         self.grammar_drafted += drafted
         self.grammar_accepted += accepted
         self.forced += forced
         self.constraint_time += seconds
+        self.constraint_overlapped_time += overlapped
 
     def to_dict(self) -> dict:
         out = asdict(self)

@@ -31,11 +31,15 @@ class GrammarCompiler:
     The llguidance tokenizer is built on the first compile (about 2 s for 49152 tokens), so a
     runtime that never constrains never pays for it. Thread-safe (a server compiles in its handlers)."""
 
-    def __init__(self, tokenizer, vocab_size: int | None = None, grammar_drafts: bool = True):
+    def __init__(self, tokenizer, vocab_size: int | None = None, grammar_drafts: bool = True,
+                 overlap_masks: bool = True):
         """grammar_drafts: whether sequences draft the tokens their grammar dictates (False: plain
-        constrained decoding, one token a step where nothing else drafts; a benchmark's baseline)."""
+        constrained decoding, one token a step where nothing else drafts; a benchmark's baseline).
+        overlap_masks: compute the verify's masks while the target's pass runs (constraints.overlap;
+        False: before it, in the step's critical path; a benchmark's baseline)."""
         self._hf_tokenizer = tokenizer
         self.grammar_drafts = grammar_drafts
+        self.overlap_masks = overlap_masks
         self.vocab_size = vocab_size or len(tokenizer)
         self._ll_tokenizer = None
         self._cache: OrderedDict[ConstraintSpec, str] = OrderedDict()

@@ -1,5 +1,6 @@
 """The engine's constraint steps over a batch of decoding sequences (engine.batched.BatchedEngine._plan and
-submit): start a sequence's matcher, draft what the grammar dictates, fit the drafters' proposals.
+submit, _launch): start a sequence's matcher, draft what the grammar dictates, fit the drafters' proposals,
+start the verify masks.
 
 Each function acts on one sequence's own constraint and generator only, in batch order, so a
 sequence's grammar drafts, masks and draws do not depend on its companions (rule 6).
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.constraints.overlap import MaskJob
 from specdec.constraints.sequence import SequenceConstraint
 from specdec.drafters.base import Draft
 from specdec.errors import InvalidRequestError
@@ -27,7 +29,7 @@ def start_constraint(grammars, config: GenerationConfig, vocab: int,
         raise InvalidRequestError("this engine has no tokenizer for constraints: build it with "
                                   "grammars=GrammarCompiler(tokenizer) to serve JSON schemas, regexes and grammars")
     return SequenceConstraint(grammars.matcher(config.constraint), vocab, device, grammars.grammar_drafts,
-                              grammars.mask_width)
+                              grammars.mask_width, grammars.overlap_masks, grammars.ll_tokenizer)
 
 
 def grammar_drafts(constraints: Sequence[SequenceConstraint | None], ks: Sequence[int],
@@ -39,16 +41,16 @@ def grammar_drafts(constraints: Sequence[SequenceConstraint | None], ks: Sequenc
 
 
 def fit_drafts(constraints: Sequence[SequenceConstraint | None], drafts: Sequence[Draft | None],
-               generators: Sequence[torch.Generator]) -> tuple[list[Draft | None], list[torch.Tensor | None]]:
+               generators: Sequence[torch.Generator]) -> list[Draft | None]:
     """Per sequence: its round's draft (a constrained one: grammar drafts then the drafter's, fitted to
-    the grammar; SequenceConstraint.fit_draft) and its masks bool [K + 1, V] (None: unconstrained)."""
-    out, masks = [], []
-    for constraint, draft, generator in zip(constraints, drafts, generators):
-        if constraint is None:
-            out.append(draft)
-            masks.append(None)
-        else:
-            fitted, mask = constraint.fit_draft(draft, generator)
-            out.append(fitted)
-            masks.append(mask)
-    return out, masks
+    the grammar; SequenceConstraint.fit_draft). Their verify masks come from start_masks."""
+    return [draft if constraint is None else constraint.fit_draft(draft, generator)
+            for constraint, draft, generator in zip(constraints, drafts, generators)]
+
+
+def start_masks(constraints: Sequence[SequenceConstraint | None]) -> MaskJob:
+    """The verify masks of a step's units (constraints: [B], a decoding unit's constraint or None),
+    computed beside the target's pass unless the grammars say otherwise (GrammarCompiler.overlap_masks);
+    MaskJob.result() after the pass gives them, bool [K_i + 1, V] or None a unit."""
+    active = [c for c in constraints if c is not None]
+    return MaskJob(constraints, overlap=all(c.overlap_masks for c in active))

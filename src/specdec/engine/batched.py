@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from specdec.batch_rule import StepRule, queue_rule, with_logprobs
-from specdec.constraints.rounds import fit_drafts, grammar_drafts, start_constraint
+from specdec.constraints.rounds import fit_drafts, grammar_drafts, start_constraint, start_masks
 from specdec.constraints.sequence import SequenceConstraint
 from specdec.engine.controller import Hook, Plan, RequestK, SequenceView, Speculation, StepRecord, StepTrace
 from specdec.drafters.base import Draft, Drafter, DrafterFactory, empty_draft, propose_all
@@ -190,7 +190,8 @@ class _Sequence:
 @dataclass(frozen=True)
 class _Unit:
     """A sequence's share of a step: tokens [n] for its slot; draft None for a prefill chunk; mask:
-    a constrained verify's allowed tokens, bool [n, V] (constraints/), else None."""
+    a constrained verify's allowed tokens, bool [n, V] (constraints/; set once the step is launched),
+    else None."""
 
     seq: _Sequence
     tokens: torch.Tensor
@@ -344,12 +345,18 @@ class BatchedEngine:
         return len(self._running) + len(self._waiting)
 
     def _launch(self, units: list[_Unit], plan: Plan, views: tuple[SequenceView, ...], load: int) -> _Flight:
-        """Queue a step: one forward over every unit, then the rule over its verifies."""
+        """Queue a step: one forward over every unit, then the rule over its verifies. The constrained
+        verifies' masks are computed while the forward runs (constraints.overlap), read before the rule."""
         trees = [None if u.draft is None else u.draft.row_parents for u in units]
-        out = self.target.forward_ragged([u.seq.slot for u in units], [u.tokens for u in units],
-                                         logits=[u.draft is not None for u in units],
-                                         features=[u.seq.layers for u in units],
-                                         **({"trees": trees} if any(t is not None for t in trees) else {}))
+        job = start_masks([u.seq.constraint if u.draft is not None else None for u in units])
+        try:
+            out = self.target.forward_ragged([u.seq.slot for u in units], [u.tokens for u in units],
+                                             logits=[u.draft is not None for u in units],
+                                             features=[u.seq.layers for u in units],
+                                             **({"trees": trees} if any(t is not None for t in trees) else {}))
+        finally:  # the matchers are the worker's until then
+            masks = job.result()
+        units = [u if m is None else dataclasses.replace(u, mask=m) for u, m in zip(units, masks)]
         rule = queue_rule([u.draft for u in units], [u.seq.config.sampling for u in units],
                           [u.seq.generator for u in units], out, [u.mask for u in units])
         return _Flight(units, out, rule, plan, views, load)
@@ -431,16 +438,16 @@ class BatchedEngine:
         drafted_at = time.perf_counter()
         # A grammar walks chains: a constrained sequence verifies its tree's first path.
         drafts = [d if c is None or d is None else d.first_path() for c, d in zip(constraints, drafts)]
-        drafts, masks = fit_drafts(constraints, drafts, [s.generator for s in decoding])
-        draft_of = {id(s): (d or empty_draft(self.target.device), m) for s, d, m in zip(decoding, drafts, masks)}
+        drafts = fit_drafts(constraints, drafts, [s.generator for s in decoding])
+        draft_of = {id(s): d or empty_draft(self.target.device) for s, d in zip(decoding, drafts)}
         units = []
         for seq in self._running:
             if seq.prefilling:
                 end = min(seq.prefilled + self.config.prefill_chunk, len(seq.prompt) - 1)
                 units.append(_Unit(seq, self._tensor(seq.prompt[seq.prefilled:end]), None))
             else:
-                draft, mask = draft_of[id(seq)]
-                units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft, mask))
+                draft = draft_of[id(seq)]
+                units.append(_Unit(seq, torch.cat([seq.pending, draft.tokens]), draft))
         return self._launch(units, plan, views, load), drafted_at
 
     def _next_step_is_plain(self) -> bool:
@@ -525,7 +532,7 @@ class BatchedEngine:
         constraint = seq.constraint
         tokens = constraint.settle(verdict.num_drafted, verdict.num_accepted, tokens)
         seq.handle.stats.record_grammar(*constraint.grammar_counts(verdict.num_accepted),
-                                        sum(constraint.single_rows[:len(tokens)]), constraint.take_seconds())
+                                        sum(constraint.single_rows[:len(tokens)]), *constraint.take_seconds())
         return tokens
 
     def _rollback(self, seq: _Sequence, valid: int) -> None:
