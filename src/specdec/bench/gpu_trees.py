@@ -147,7 +147,7 @@ def run_trees(args) -> int:
     import torch
 
     from specdec.bench.gpu import build_models, random_prompts, step_ms
-    from specdec.models.native_slots import NativeSlots
+    from specdec.models.native_slots import NativeSlots, SlotOptions
 
     if not torch.cuda.is_available():
         print("no CUDA device: `specdec bench gpu --trees` measures the GPU")
@@ -157,7 +157,9 @@ def run_trees(args) -> int:
            "target": "random-weight Llama-3.1-8B shape, bf16", "draft": "random-weight Llama-3.2-1B shape, bf16"}
     new_tokens = 16 if args.smoke else args.new_tokens
     _, target, draft = build_models(args.smoke, max_length=args.context + new_tokens + 256)
-    slots = NativeSlots.sharing(target, max_slots=1)  # the fused ragged path, where trees run
+    # The fused ragged path, where trees run, with graphs for the row counts these runs use only.
+    rows = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)
+    slots = NativeSlots.sharing(target, 1, options=SlotOptions(True, True, rows, max(rows)))
     slots.warm_up()
     reps = 5 if args.smoke else 20
     prompt = random_prompts(1, args.context, target.vocab_size, seed=0)[0]
