@@ -61,6 +61,13 @@ def test_auto_never_drafts_for_a_seeded_sample():
     assert FixedK(4).plan(seqs, 2).budgets == (4, 4)  # a fixed K does not depend on the batch
 
 
+def test_a_trees_node_budget_is_not_cut_to_its_room():
+    chain = SequenceView(0, 16, room=3, drafts=True, seeded_sample=False)
+    tree = SequenceView(0, 16, room=3, drafts=True, seeded_sample=False, tree=True)
+    assert chain.capped(16) == 3 and tree.capped(16) == 16
+    assert SequenceView(0, 16, room=0, drafts=True, seeded_sample=False, tree=True).capped(16) == 0
+
+
 def test_auto_caps_are_zero_about_half_and_k():
     assert AutoController(4).arms == (0, 2, 4)
     assert AutoController(1).arms == (0, 1)

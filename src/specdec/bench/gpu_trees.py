@@ -7,10 +7,12 @@ Three measurements, printed as a short table and saved as gpu-trees.json:
 - the verify cost of a tree pass of 16 / 32 / 64 nodes (speedup.best_tree's shape for the profile)
   against a chain pass of the same rows and a one-row step, and whether every tree row's logits equal,
   bit for bit, those of decoding its path one token at a time;
-- end to end at batch 1, greedy: the oracle tree drafter (per-rank profile PROFILE, the 1B draft's
-  passes paid per depth) at several node budgets against the oracle chain drafter at alpha =
-  PROFILE[0] over K, both through the same engine, with the speedup the profile and the measured
-  costs predict: tau / (verify cost of the rows + depth * c);
+- end to end at batch 1, greedy: the oracle tree drafter (per-rank profile PROFILE) at several node
+  budgets and depths against the oracle chain drafter at alpha = PROFILE[0] over K, both through
+  the same engine and paying a head's cost per draft pass (a one-layer model of the target's shape:
+  an EAGLE head's decoder layer and LM head), with the speedup the profile and the measured costs
+  predict: tau / (verify cost of the rows + draft passes * c), each configuration run once to warm
+  up, then timed;
 - greedy identity: every oracle run's tokens against plain decoding's.
 Oracle numbers measure the engine at a chosen acceptance profile, not any draft: labelled as such.
 """
@@ -22,10 +24,10 @@ import statistics
 import time
 from pathlib import Path
 
-PROFILE = (0.7, 0.1, 0.05, 0.03)  # the truth at sibling rank i: EAGLE-2-like per-rank acceptance
+PROFILE = (0.6, 0.15, 0.08, 0.05, 0.03)  # the truth at sibling rank i: an EAGLE-2-like per-rank acceptance
 TREE_NODES = (16, 32, 64)
-BUDGETS = (8, 16, 32, 64)
-CHAIN_KS = (3, 4, 5, 6, 8)
+SHAPES = ((16, 3), (16, 4), (32, 3), (32, 4), (32, 5), (48, 4), (64, 4))  # (node budget, max depth)
+CHAIN_KS = (1, 2, 3, 4, 5, 6)
 
 
 def pass_ms(slots, prompt, rows: int, tree: tuple[int, ...] | None, reps: int) -> float:
@@ -101,45 +103,51 @@ def section_tree_verify(slots, prompt, one_row_ms: float, reps: int) -> dict:
 
 def section_tree_oracle(target, slots, draft, prompts, c: float, one_row_ms: float, reps: int,
                         new_tokens: int) -> dict:
-    """Oracle trees over node budgets against oracle chains over K, batch 1, greedy, one run, all
-    through the batched engine over the one-slot model (the oracles record on the target)."""
+    """Oracle trees over (node budget, depth) against oracle chains over K, batch 1, greedy, one run,
+    all through the batched engine over the one-slot model."""
     from specdec.drafters.none import NoDrafter
     from specdec.drafters.oracle import OracleDrafter
     from specdec.drafters.oracle_tree import OracleTreeDrafter
-    from specdec.speedup import best_tree, expected_speedup
+    from specdec.speedup import best_tree, expected_tokens_per_round
     from specdec.trees import node_depths
 
     plain, truth = slot_engine_run(slots, NoDrafter(target.device), prompts, new_tokens, 1)
     chains, trees, same = {}, {}, []
+
+    def timed(drafter, k):  # a warm-up run (graphs of new sizes are captured there), then the timed one
+        for p, ids in zip(prompts, truth):
+            drafter.remember(p.tolist(), ids)
+        slot_engine_run(slots, drafter, prompts[:1], 16, k)
+        res, ids = slot_engine_run(slots, drafter, prompts, new_tokens, k)
+        same.extend(a == b for a, b in zip(ids, truth))
+        return res
+
     for k in CHAIN_KS:
-        oracle = OracleDrafter(target, PROFILE[0], draft, horizon=new_tokens, seed=7)
-        for p, ids in zip(prompts, truth):
-            oracle.remember(p.tolist(), ids)
-        res, ids = slot_engine_run(slots, oracle, prompts, new_tokens, k)
-        res["predicted"] = expected_speedup(PROFILE[0], k, c)
-        chains[k], same = res, same + [a == b for a, b in zip(ids, truth)]
-    for n in BUDGETS:
-        oracle = OracleTreeDrafter(target, PROFILE, draft, horizon=new_tokens, seed=7)
-        for p, ids in zip(prompts, truth):
-            oracle.remember(p.tolist(), ids)
-        plan = best_tree(PROFILE, n)
+        chains[k] = timed(OracleDrafter(target, PROFILE[0], draft, horizon=new_tokens, seed=7), k)
+        verify = pass_ms(slots, prompts[0], k + 1, None, reps) / one_row_ms
+        chains[k]["predicted"] = expected_tokens_per_round(PROFILE[0], k) / (verify + k * c)
+    for n, depth in SHAPES:
+        res = timed(OracleTreeDrafter(target, PROFILE, draft, max_depth=depth, horizon=new_tokens, seed=7), n)
+        plan = best_tree(PROFILE, n, depth)
         rows = (-1,) + tuple(p + 1 for p in plan.parents)
-        verify_ratio = pass_ms(slots, prompts[0], n + 1, rows, reps) / one_row_ms
-        res, ids = slot_engine_run(slots, oracle, prompts, new_tokens, n)
-        res["predicted"] = plan.expected_tokens / (verify_ratio + max(node_depths(plan.parents)) * c)
-        res["expected_tau"], res["verify_ratio"] = plan.expected_tokens, verify_ratio
-        trees[n], same = res, same + [a == b for a, b in zip(ids, truth)]
+        verify = pass_ms(slots, prompts[0], n + 1, rows, reps) / one_row_ms
+        res["predicted"] = plan.expected_tokens / (verify + max(node_depths(plan.parents)) * c)
+        res["expected_tau"], res["verify_ratio"] = plan.expected_tokens, verify
+        trees[f"{n}x{depth}"] = res
     again, _ = slot_engine_run(slots, NoDrafter(target.device), prompts, new_tokens, 1)
     base = statistics.mean([plain["tokens_per_s"], again["tokens_per_s"]])
     for res in list(chains.values()) + list(trees.values()):
         res["speedup"] = res["tokens_per_s"] / base
         res["measured_over_predicted"] = res["speedup"] / res["predicted"]
     best_chain = max(chains, key=lambda k: chains[k]["speedup"])
-    best_tree_n = max(trees, key=lambda n: trees[n]["speedup"])
+    best_tree_shape = max(trees, key=lambda n: trees[n]["speedup"])
+    predicted_chain = max(r["predicted"] for r in chains.values())
+    predicted_tree = max(r["predicted"] for r in trees.values())
     return {"label": "oracle drafters (engine measurement at a chosen acceptance profile, not a model pair)",
             "profile": PROFILE, "plain_tokens_per_s": base, "chains": chains, "trees": trees,
-            "best_chain_k": best_chain, "best_tree_nodes": best_tree_n,
-            "tree_over_best_chain": trees[best_tree_n]["speedup"] / chains[best_chain]["speedup"],
+            "best_chain_k": best_chain, "best_tree": best_tree_shape,
+            "tree_over_best_chain": trees[best_tree_shape]["speedup"] / chains[best_chain]["speedup"],
+            "predicted_tree_over_best_chain": predicted_tree / predicted_chain,
             "greedy_identity": sum(same) / len(same)}
 
 
@@ -147,6 +155,7 @@ def run_trees(args) -> int:
     import torch
 
     from specdec.bench.gpu import build_models, random_prompts, step_ms
+    from specdec.models.native_llama import NativeLlama
     from specdec.models.native_slots import NativeSlots, SlotOptions
 
     if not torch.cuda.is_available():
@@ -154,9 +163,13 @@ def run_trees(args) -> int:
         return 2
     start = time.perf_counter()
     res = {"card": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "target": "random-weight Llama-3.1-8B shape, bf16", "draft": "random-weight Llama-3.2-1B shape, bf16"}
+           "target": "random-weight Llama-3.1-8B shape, bf16",
+           "draft": "a head's cost: one random Llama-3.1-8B-shape decoder layer and its LM head, bf16"}
     new_tokens = 16 if args.smoke else args.new_tokens
-    _, target, draft = build_models(args.smoke, max_length=args.context + new_tokens + 256)
+    _, target, _ = build_models(args.smoke, max_length=args.context + new_tokens + 256)
+    # What a draft head costs a pass: one decoder layer of the target's shape and its LM head.
+    draft = NativeLlama.random("llama-3.1-8b", max_length=args.context + new_tokens + 256,
+                               arch_overrides={"n_layers": 1}, seed=1)
     # The fused ragged path, where trees run, with graphs for the row counts these runs use only.
     rows = (1, 2, 4, 8, 12, 16, 24, 32, 48, 65)
     slots = NativeSlots.sharing(target, 1, options=SlotOptions(True, True, rows, max(rows)))
@@ -187,10 +200,11 @@ def print_trees(res: dict) -> None:
                      f"rows bitwise = their paths: {e['rows_bitwise_equal']} of {e['rows']}")
     lines.append(f"oracle profile {o['profile']}, batch 1, greedy; plain {o['plain_tokens_per_s']:.1f} tok/s")
     for k, r in o["chains"].items():
-        lines.append(f"  chain K={k:<2}   {r['speedup']:.2f}x (predicted {r['predicted']:.2f}x), tau {r['tau']:.2f}")
+        lines.append(f"  chain K={k:<2}   {r['speedup']:.2f}x (predicted {r['predicted']:.2f}x, "
+                     f"{r['measured_over_predicted']:.2f} of it), tau {r['tau']:.2f}")
     for n, r in o["trees"].items():
-        lines.append(f"  tree {n:>2} nodes {r['speedup']:.2f}x (predicted {r['predicted']:.2f}x, "
+        lines.append(f"  tree {n:>5} (nodes x depth) {r['speedup']:.2f}x (predicted {r['predicted']:.2f}x, "
                      f"{r['measured_over_predicted']:.2f} of it), tau {r['tau']:.2f} (expected {r['expected_tau']:.2f})")
-    lines.append(f"best tree ({o['best_tree_nodes']} nodes) / best chain (K={o['best_chain_k']}): "
-                 f"{o['tree_over_best_chain']:.3f}; greedy identity {o['greedy_identity']:.0%}")
+    lines.append(f"best tree ({o['best_tree']}) / best chain (K={o['best_chain_k']}): {o['tree_over_best_chain']:.3f} "
+                 f"(predicted {o['predicted_tree_over_best_chain']:.3f}); greedy identity {o['greedy_identity']:.0%}")
     print("\n".join(["", "=" * 100] + lines + ["=" * 100]), flush=True)

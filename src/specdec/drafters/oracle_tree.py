@@ -21,6 +21,7 @@ import torch
 
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.drafters.oracle import record_greedy
+from specdec.drafters.tree_shape import TreeShape
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingParams
 from specdec.speedup import TreePlan, best_tree
@@ -35,6 +36,7 @@ class OracleTreeDrafter(Drafter):
                  max_depth: int = 8, horizon: int = 256, seed: int = 0):
         best_tree(profile, 1)  # checks the profile
         self.target, self.profile, self.draft_model = target, tuple(profile), draft_model
+        self.tree = TreeShape(max_depth, len(profile), len(profile))  # k is a node budget
         self.max_depth, self.horizon, self.seed = max_depth, horizon, seed
         self.device, self.vocab_size = target.device, target.vocab_size
         self.generator = torch.Generator().manual_seed(seed)  # host draws: a round's shape is host work anyway

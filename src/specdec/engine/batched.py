@@ -174,7 +174,8 @@ class _Sequence:
         """What the speculation controller sees of it (as a decoding sequence)."""
         sampling = self.config.sampling
         return SequenceView(self.handle.request_id, self.config.k, self.remaining - 1,
-                            not self.drafter.drafts_nothing, not sampling.greedy and sampling.seed is not None)
+                            not self.drafter.drafts_nothing, not sampling.greedy and sampling.seed is not None,
+                            self.drafter.tree is not None)
 
     @property
     def next_is_last(self) -> bool:

@@ -29,17 +29,22 @@ class SequenceView:
     k: its request's k. room: the most drafts its next round may verify (its remaining tokens
     minus the one a round always emits). drafts: whether its drafter proposes anything.
     seeded_sample: sampled with a seed, whose draws depend on where drafts were verified: a budget
-    that depends on the batch would make its tokens depend on its companions (rule 6)."""
+    that depends on the batch would make its tokens depend on its companions (rule 6).
+    tree: its drafter drafts trees, so a budget counts nodes, which its room does not bound (a tree
+    of many nodes may be shallow)."""
 
     request_id: int
     k: int
     room: int
     drafts: bool
     seeded_sample: bool
+    tree: bool = False
 
     def capped(self, budget: int) -> int:
-        """budget, within its room; 0 when its drafter drafts nothing."""
-        return max(0, min(budget, self.room)) if self.drafts else 0
+        """budget, within its room (a tree: while it has any); 0 when its drafter drafts nothing."""
+        if not self.drafts or self.room <= 0:
+            return 0
+        return max(0, budget) if self.tree else max(0, min(budget, self.room))
 
 
 @dataclass(frozen=True)
