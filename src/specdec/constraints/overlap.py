@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from specdec.constraints import masking
 from specdec.constraints.sequence import SequenceConstraint
 
 _worker: ThreadPoolExecutor | None = None  # one thread for every engine: a step's masks are one llguidance call
@@ -69,7 +70,7 @@ class MaskJob:
         self._constraints = list(constraints)
         self._active = [c for c in self._constraints if c is not None]
         self._future: Future | None = None
-        self._masks: list[torch.Tensor] | None = None  # int32 [K_i + 1, W] on the host
+        self._masks: list[torch.Tensor] | None = None  # bool [K_i + 1, V], or int32 [K_i + 1, W] for a device
         if not self._active:
             return
         if overlap:
@@ -81,15 +82,18 @@ class MaskJob:
             self._charge(seconds, 0.0)
 
     def _compute(self) -> tuple[list[torch.Tensor], float]:
-        """The masks, packed (int32 [K_i + 1, W] on the host): the rule applies them as they are
-        (masking.apply_bitmask), so nothing is unpacked, here or in the critical path."""
+        """The masks: unpacked here to bool [K_i + 1, V] for a host target (benchmarks/structured_profile.py:
+        on the CPU, applying the packed bits in the critical path cost more than the unpacking here), left
+        packed int32 [K_i + 1, W] for a device one (the rule applies them as they are: masking.apply_bitmask)."""
         start = time.perf_counter()
         bits = verify_bits(self._active)
-        return bits, time.perf_counter() - start
+        masks = [masking.unpack_bitmask(b, c.vocab) if c.device.type == "cpu" else b
+                 for c, b in zip(self._active, bits)]
+        return masks, time.perf_counter() - start
 
     def result(self) -> list[torch.Tensor | None]:
-        """[B]: each constrained unit's masks, int32 [K_i + 1, W] on its constraint's device (sent
-        without a wait), else None. Waits for the worker; the wait counts as the grammar's critical-path
+        """[B]: each constrained unit's masks on its constraint's device (int32 [K_i + 1, W] sent without
+        a wait to a device, bool [K_i + 1, V] on the host), else None. Waits for the worker; the wait counts as the grammar's critical-path
         time, unless a device target's pass was still running when it ended (the wait then delayed
         nothing: the rule's work queues behind the pass), when it counts as beside the pass."""
         if not self._active:
