@@ -80,8 +80,9 @@ def queue_rule(drafts: Sequence[Draft | None], params: Sequence[SamplingParams],
     """The rule over every verify of a step in one call, each sequence with its own sampling and
     generator, and the copy of its outcome to the host started. drafts, params, generators: [B], one
     per unit of the step (drafts[i] None: a prefill chunk, which nothing judges). masks: [B] or None,
-    a constrained verify's allowed tokens bool [K_i + 1, V] (its logits masked before the warps, so p
-    is the masked, renormalised distribution: rule 8), else None. Chains go through verify.py's
+    a constrained verify's allowed tokens, int32 [K_i + 1, W] packed or bool [K_i + 1, V]
+    (masking.mask_logits; its logits masked before the warps, so p is the masked, renormalised
+    distribution: rule 8), else None. Chains go through verify.py's
     ragged rule, trees through tree_rule's. None when no unit verifies."""
     verify = [i for i, d in enumerate(drafts) if d is not None]
     if not verify:
@@ -134,7 +135,8 @@ def with_logprobs(tokens: list[EmittedToken], logits: torch.Tensor, config: Gene
                   mask: torch.Tensor | None = None) -> list[EmittedToken]:
     """The round's emitted tokens with their log-probabilities under the target's p (sampling.token_logprobs):
     logits [K + 1, V] the verify's rows; emitted token j came from row j. mask: a constrained verify's
-    allowed tokens bool [K + 1, V] (p is then the masked distribution the rule used), else None."""
+    allowed tokens, int32 [K + 1, W] packed or bool [K + 1, V] (p is then the masked distribution the rule
+    used), else None."""
     if mask is not None:
         logits = mask_logits(logits, [0, logits.shape[0]], [mask])
     scores = token_logprobs(logits, config.sampling, [t.token_id for t in tokens], config.logprobs)

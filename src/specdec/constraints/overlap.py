@@ -82,9 +82,9 @@ class MaskJob:
             self._charge(seconds, 0.0)
 
     def _compute(self) -> tuple[list[torch.Tensor], float]:
-        """The masks: unpacked here for a host target (after the forward the unpacking ran 5-7x slower
-        on a CPU, its caches full of the weights), left packed for a device one (unpacked by result(),
-        in the thread that queues the device's work: no CUDA work from this thread)."""
+        """The masks: unpacked here to bool [K_i + 1, V] for a host target (benchmarks/structured_profile.py:
+        on the CPU, applying the packed bits in the critical path cost more than the unpacking here), left
+        packed int32 [K_i + 1, W] for a device one (the rule applies them as they are: masking.apply_bitmask)."""
         start = time.perf_counter()
         bits = verify_bits(self._active)
         masks = [masking.unpack_bitmask(b, c.vocab) if c.device.type == "cpu" else b
@@ -92,22 +92,38 @@ class MaskJob:
         return masks, time.perf_counter() - start
 
     def result(self) -> list[torch.Tensor | None]:
-        """[B]: each constrained unit's masks bool [K_i + 1, V] on its constraint's device, else None.
-        Waits for the worker; the wait and the unpacking count as the grammar's critical-path time."""
+        """[B]: each constrained unit's masks on its constraint's device (int32 [K_i + 1, W] sent without
+        a wait to a device, bool [K_i + 1, V] on the host), else None. Waits for the worker; the wait counts as the grammar's critical-path
+        time, unless a device target's pass was still running when it ended (the wait then delayed
+        nothing: the rule's work queues behind the pass), when it counts as beside the pass."""
         if not self._active:
             return [None] * len(self._constraints)
         start = time.perf_counter()
+        passing = _pass_marker(self._active[0].device)
         if self._future is not None:
             self._masks, seconds = self._future.result()
             self._future = None
             self._charge(0.0, seconds)
-        masks = iter([m if m.dtype == torch.bool else masking.unpack_bitmask(m, c.vocab, c.device)
-                      for c, m in zip(self._active, self._masks)])
-        self._charge(time.perf_counter() - start, 0.0)
-        return [None if c is None else next(masks) for c in self._constraints]
+        waited = time.perf_counter() - start
+        hidden = passing is not None and not passing.query()
+        start = time.perf_counter()
+        masks = iter([m.to(c.device, non_blocking=True) for c, m in zip(self._active, self._masks)])
+        out = [None if c is None else next(masks) for c in self._constraints]
+        self._charge(time.perf_counter() - start + (0.0 if hidden else waited), waited if hidden else 0.0)
+        return out
 
     def _charge(self, seconds: float, overlapped: float) -> None:
         """Each sequence is charged the whole job's time (it waited for the batch's masks)."""
         for c in self._active:
             c.seconds += seconds
             c.overlapped_seconds += overlapped
+
+
+def _pass_marker(device: torch.device):
+    """A CUDA event after the work queued so far on device's current stream (the target's pass), or
+    None on the host (there the pass ran in this thread: a wait after it is all critical path)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event

@@ -184,7 +184,7 @@ class SequenceConstraint:
         read for the positions where one token alone was allowed."""
         if self._drafted and not self._matcher.consume_tokens(self._drafted):
             raise ConstraintBroken(f"the grammar refused the round's drafts again: {self._matcher.get_error()}")
-        self.single_rows = [masking.only_token(row) is not None for row in bits]
+        self.single_rows = masking.single_rows(bits)
 
     @property
     def mask_words(self) -> int:

@@ -191,7 +191,7 @@ class _Sequence:
 @dataclass(frozen=True)
 class _Unit:
     """A sequence's share of a step: tokens [n] for its slot; draft None for a prefill chunk; mask:
-    a constrained verify's allowed tokens, bool [n, V] (constraints/; set once the step is launched),
+    a constrained verify's allowed tokens, int32 [n, W] packed (constraints/; set once the step is launched),
     else None."""
 
     seq: _Sequence
