@@ -39,10 +39,12 @@ class OracleTreeDrafter(Drafter):
         self.tree = TreeShape(max_depth, len(profile), len(profile))  # k is a node budget
         self.max_depth, self.horizon, self.seed = max_depth, horizon, seed
         self.device, self.vocab_size = target.device, target.vocab_size
-        self.generator = torch.Generator().manual_seed(seed)  # host draws: a round's shape is host work anyway
+        self._rng = np.random.default_rng(seed)  # host draws: a round's shape is host work anyway
+        self._cumulative = np.cumsum(profile)
         self.name = f"oracle-tree(profile={','.join(f'{p:g}' for p in profile)})"
         self._recorded: dict[tuple[int, ...], list[int]] = {}
         self._shapes: dict[int, TreePlan] = {}
+        self._depths: dict[int, list[int]] = {}
         self._forks = itertools.count(1)
         self._truth: list[int] = []
         self._prompt_len = 0
@@ -54,7 +56,8 @@ class OracleTreeDrafter(Drafter):
     def shape(self, nodes: int) -> TreePlan:
         """The round's tree of `nodes` nodes (chosen once per size)."""
         if nodes not in self._shapes:
-            self._shapes[nodes] = best_tree(self.profile, nodes, self.max_depth)
+            plan = self._shapes[nodes] = best_tree(self.profile, nodes, self.max_depth)
+            self._depths[len(plan.parents)] = node_depths(plan.parents)
         return self._shapes[nodes]
 
     def begin(self, prompt: list[int]) -> None:
@@ -73,26 +76,19 @@ class OracleTreeDrafter(Drafter):
         if k < 1 or offset >= len(self._truth):
             return empty_draft(self.device)
         plan = self.shape(min(k, len(self._truth) - offset))
-        drawn = self._drawn_ranks(self.max_depth)
+        depth_of = self._depths[len(plan.parents)]
+        # The round's draws at once (host numpy: the oracle's own work should not weigh on the engine's).
+        drawn = np.searchsorted(self._cumulative, self._rng.random(self.max_depth), side="right")
+        shifts = self._rng.integers(1, self.vocab_size, size=len(plan.parents))
+        truth = [self._truth[min(offset + d - 1, len(self._truth) - 1)] for d in depth_of]
         tokens, on_path = [], []
-        for parent, rank, depth in zip(plan.parents, plan.ranks, node_depths(plan.parents)):
+        for j, (parent, rank, depth) in enumerate(zip(plan.parents, plan.ranks, depth_of)):
             true_here = (parent < 0 or on_path[parent]) and drawn[depth - 1] == rank and offset + depth <= len(self._truth)
             on_path.append(true_here)
-            truth = self._truth[min(offset + depth - 1, len(self._truth) - 1)]
-            tokens.append(truth if true_here else self._wrong(truth))
+            tokens.append(truth[j] if true_here else (truth[j] + int(shifts[j])) % self.vocab_size)
         if self.draft_model is not None:
             self._pay_draft_cost(context, plan.parents, tokens)
         return Draft(token_tensor(tokens, self.device), None, plan.parents)
-
-    def _drawn_ranks(self, n: int) -> list[int]:
-        """Per depth, the rank the truth sits at (len(profile): at none)."""
-        cumulative = torch.tensor(self.profile, dtype=torch.float64).cumsum(0)
-        u = torch.rand(n, generator=self.generator, dtype=torch.float64)
-        return torch.searchsorted(cumulative, u, right=True).tolist()
-
-    def _wrong(self, truth: int) -> int:
-        shift = int(torch.randint(1, self.vocab_size, (1,), generator=self.generator))
-        return (truth + shift) % self.vocab_size
 
     def _pay_draft_cost(self, context: list[int], parents: tuple[int, ...], tokens: list[int]) -> None:
         """A draft model's passes as a tree drafter runs them: the unseen text, then one pass a depth
