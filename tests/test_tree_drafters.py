@@ -11,7 +11,7 @@ from specdec.drafters import LookupDrafter, NoDrafter, make_drafter
 from specdec.drafters.base import propose_all
 from specdec.drafters.combined import LookupThenHead
 from specdec.drafters.head_batch import _catch_up, head_trees, run_pairs
-from specdec.drafters.head_tree import _distribution
+from specdec.drafters.tree_shape import ranking_distribution
 from specdec.drafters.lookup import continuation_trie, lookup_continuations, lookup_draft
 from specdec.drafters.model import DraftSlots, ModelDrafter, SlotDrafter
 from specdec.drafters.tree_shape import GrownTree, TreeGrowth, TreeShape, merge_trees, parse_tree_shape
@@ -138,7 +138,7 @@ def chain_scores(head, context: list[int], path: list[int], params: SamplingPara
     _catch_up([head], [context])
     h, score = head._last_true, 1.0
     for i, token in enumerate(path):
-        probs = _distribution(linear(h[None], head.lm_sub)[0], params)
+        probs = ranking_distribution(linear(h[None], head.lm_sub)[0], params)
         score *= float(probs[head.vocab_list.index(token)])
         h = run_pairs([head], [h[None]], [torch.tensor([token])], [head._num_feats + i])[0]
     return score
@@ -310,7 +310,7 @@ def path_score(model, context: list[int], path: list[int], params: SamplingParam
     model.reset()
     logits, score = model.forward(torch.tensor(context))[-1], 1.0
     for token in path:
-        score *= float(_distribution(logits, params)[token])
+        score *= float(ranking_distribution(logits, params)[token])
         logits = model.forward(torch.tensor([token]))[-1]
     return score
 

@@ -11,7 +11,8 @@ import torch
 from scipy.stats import chisquare
 
 from specdec.faults import inject
-from specdec.tree_rule import TreeVerdict, children_of, settle_tree, walk
+from specdec.tree_rule import TreeVerdict, settle_tree, walk
+from specdec.trees import children_of
 
 V = 6
 ROOT = 0

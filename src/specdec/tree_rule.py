@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.sampling import sample
-from specdec.trees import node_depths
+from specdec.trees import children_of, node_depths
 from specdec.verify import Verdict, residual
 
 
@@ -66,14 +66,6 @@ class TreeVerdict(Verdict):
     def rows(self) -> list[int]:
         """The verify rows that became text: the root row, then each kept node's (node j is row j + 1)."""
         return [0] + [j + 1 for j in self.path]
-
-
-def children_of(parents: Sequence[int]) -> list[list[int]]:
-    """Per row (row 0 the root, row j + 1 node j), its child nodes in node order."""
-    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
-    for node, parent in enumerate(parents):
-        kids[parent + 1].append(node)
-    return kids
 
 
 def q_row_of(parents: Sequence[int]) -> list[int]:

@@ -41,9 +41,23 @@ def is_chain(row_parents: Sequence[int] | None) -> bool:
     return row_parents is None or all(p == r - 1 for r, p in enumerate(row_parents))
 
 
+def rows_of(parents: Sequence[int]) -> tuple[int, ...]:
+    """A draft's node parents (Draft.parents: -1 the root) as its verify pass's row parents (row 0 the
+    root, row j + 1 node j)."""
+    return (-1,) + tuple(p + 1 for p in parents)
+
+
 def node_depths(parents: Sequence[int]) -> list[int]:
     """Each draft node's depth (Draft.parents: -1 the root), the root's children at 1."""
-    return depths((-1,) + tuple(p + 1 for p in parents))[1:]
+    return depths(rows_of(parents))[1:]
+
+
+def children_of(parents: Sequence[int]) -> list[list[int]]:
+    """Per row (row 0 the root, row j + 1 node j), its child nodes in node order. parents: Draft.parents."""
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for node, parent in enumerate(parents):
+        kids[parent + 1].append(node)
+    return kids
 
 
 def check_row_parents(row_parents: Sequence[int], n: int) -> None:

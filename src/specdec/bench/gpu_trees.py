@@ -89,11 +89,12 @@ def slot_engine_run(slots, drafter, prompts, new_tokens: int, k: int):
 
 def section_tree_verify(slots, prompt, one_row_ms: float, reps: int) -> dict:
     from specdec.speedup import best_tree
+    from specdec.trees import rows_of
 
     out = {}
     for n in TREE_NODES:
         plan = best_tree(PROFILE, n)
-        rows = (-1,) + tuple(p + 1 for p in plan.parents)
+        rows = rows_of(plan.parents)
         tree_ms, chain_ms = pass_ms(slots, prompt, n + 1, rows, reps), pass_ms(slots, prompt, n + 1, None, reps)
         out[n] = {"tree_ms": tree_ms, "chain_ms": chain_ms, "tree_ratio": tree_ms / one_row_ms,
                   "chain_ratio": chain_ms / one_row_ms, "expected_tau": plan.expected_tokens,
@@ -109,7 +110,7 @@ def section_tree_oracle(target, slots, draft, prompts, c: float, one_row_ms: flo
     from specdec.drafters.oracle import OracleDrafter
     from specdec.drafters.oracle_tree import OracleTreeDrafter
     from specdec.speedup import best_tree, expected_tokens_per_round
-    from specdec.trees import node_depths
+    from specdec.trees import node_depths, rows_of
 
     plain, truth = slot_engine_run(slots, NoDrafter(target.device), prompts, new_tokens, 1)
     chains, trees, same = {}, {}, []
@@ -129,7 +130,7 @@ def section_tree_oracle(target, slots, draft, prompts, c: float, one_row_ms: flo
     for n, depth in SHAPES:
         res = timed(OracleTreeDrafter(target, PROFILE, draft, max_depth=depth, horizon=new_tokens, seed=7), n)
         plan = best_tree(PROFILE, n, depth)
-        rows = (-1,) + tuple(p + 1 for p in plan.parents)
+        rows = rows_of(plan.parents)
         verify = pass_ms(slots, prompts[0], n + 1, rows, reps) / one_row_ms
         res["predicted"] = plan.expected_tokens / (verify + max(node_depths(plan.parents)) * c)
         res["expected_tau"], res["verify_ratio"] = plan.expected_tokens, verify

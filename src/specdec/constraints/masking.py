@@ -22,10 +22,7 @@ def unpack_bitmask(bits: torch.Tensor, vocab: int, device: torch.device | str = 
     (4 bytes a 32 tokens) and are unpacked there, without a wait; on the host numpy unpacks them."""
     if torch.device(device).type != "cpu":
         return unpack_on_device(bits.to(device, non_blocking=True), vocab)
-    unpacked = np.unpackbits(bits.numpy().view(np.uint8), axis=1, bitorder="little")  # [n, 32 W], 0/1
-    allowed = torch.from_numpy(unpacked).view(torch.bool)[:, :vocab]  # the same bytes, read as bool
-    if allowed.shape[1] < vocab:
-        allowed = torch.cat([allowed, allowed.new_zeros(allowed.shape[0], vocab - allowed.shape[1])], dim=1)
+    allowed = _padded(bit_columns(bits, min(32 * bits.shape[1], vocab), host=True), vocab)
     empty = (bits == 0).all(dim=1)  # [n]
     if bool(empty.any()):
         allowed = allowed.clone()
@@ -35,11 +32,15 @@ def unpack_bitmask(bits: torch.Tensor, vocab: int, device: torch.device | str = 
 
 def unpack_on_device(bits: torch.Tensor, vocab: int) -> torch.Tensor:
     """unpack_bitmask in tensor ops on bits' own device (no host read): int32 [n, W] -> bool [n, vocab]."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)
-    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).bool().reshape(bits.shape[0], -1)[:, :vocab]  # [n, <= vocab]
+    allowed = _padded(bit_columns(bits, min(32 * bits.shape[1], vocab), host=False), vocab)
+    return allowed | (bits == 0).all(dim=1, keepdim=True)
+
+
+def _padded(allowed: torch.Tensor, vocab: int) -> torch.Tensor:
+    """bool [n, <= vocab] -> [n, vocab], the columns past the bitmask never allowed."""
     if allowed.shape[1] < vocab:
         allowed = torch.cat([allowed, allowed.new_zeros(allowed.shape[0], vocab - allowed.shape[1])], dim=1)
-    return allowed | (bits == 0).all(dim=1, keepdim=True)
+    return allowed
 
 
 def token_allowed(bits_row: torch.Tensor, token: int) -> bool:

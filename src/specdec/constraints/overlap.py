@@ -82,9 +82,9 @@ class MaskJob:
             self._charge(seconds, 0.0)
 
     def _compute(self) -> tuple[list[torch.Tensor], float]:
-        """The masks: unpacked here to bool [K_i + 1, V] for a host target (benchmarks/structured_profile.py:
-        on the CPU, applying the packed bits in the critical path cost more than the unpacking here), left
-        packed int32 [K_i + 1, W] for a device one (the rule applies them as they are: masking.apply_bitmask)."""
+        """The masks: unpacked here to bool [K_i + 1, V] for a host target (the unpacking then runs
+        beside the pass, not in the step's critical path), left packed int32 [K_i + 1, W] for a device one
+        (the rule applies them as they are: masking.apply_bitmask)."""
         start = time.perf_counter()
         bits = verify_bits(self._active)
         masks = [masking.unpack_bitmask(b, c.vocab) if c.device.type == "cpu" else b

@@ -10,7 +10,7 @@ import torch
 
 from specdec.drafters.tree_shape import TreeShape
 from specdec.sampling import SamplingParams
-from specdec.trees import check_parents
+from specdec.trees import check_parents, children_of, is_chain, rows_of
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Draft:
 
     @property
     def is_chain(self) -> bool:
-        return self.parents is None or all(p == j - 1 for j, p in enumerate(self.parents))
+        return is_chain(self.parents)  # node j's parent j - 1: the same test as on row parents
 
     @property
     def node_parents(self) -> tuple[int, ...]:
@@ -52,13 +52,10 @@ class Draft:
         chain (its nodes keep their q rows), for a verify that takes chains only."""
         if self.is_chain:
             return self
-        kids: dict[int, int] = {}
-        for j, p in enumerate(self.parents):
-            kids.setdefault(p, j)
-        path, node = [], kids.get(-1)
-        while node is not None:
-            path.append(node)
-            node = kids.get(node)
+        kids, path, row = children_of(self.parents), [], 0
+        while kids[row]:  # row 0 the root, row j + 1 node j
+            path.append(kids[row][0])
+            row = path[-1] + 1
         at = torch.tensor(path, dtype=torch.long, device=self.tokens.device)
         return Draft(self.tokens.index_select(0, at), None if self.q is None else self.q.index_select(0, at))
 
@@ -66,7 +63,7 @@ class Draft:
     def row_parents(self) -> tuple[int, ...] | None:
         """The verify pass's tree over its rows (row 0 the root, row j + 1 node j), as
         SlotModel.forward_ragged takes it; None for a chain (its rows are causal)."""
-        return None if self.is_chain else (-1,) + tuple(p + 1 for p in self.parents)
+        return None if self.is_chain else rows_of(self.parents)
 
 
 class Drafter(ABC):

@@ -17,11 +17,11 @@ from __future__ import annotations
 import torch
 
 from specdec.drafters.head import rope_tables
-from specdec.drafters.tree_shape import GrownTree, TreeGrowth
+from specdec.drafters.tree_shape import GrownTree, TreeGrowth, ranking_distribution
 from specdec.errors import InvalidRequestError
 from specdec.models.cpu_matrix import linear
 from specdec.models.llama_net import rms_norm
-from specdec.sampling import SamplingParams, warp_logits
+from specdec.sampling import SamplingParams
 
 
 class _Grower:
@@ -105,7 +105,7 @@ def _offer_children(growers: list[_Grower], frontiers: list[list[int]]) -> None:
     hs = torch.stack([g.feature[n] for g, nodes in zip(growers, frontiers) for n in nodes])  # [R, D]
     logits = linear(hs, first.lm_sub)  # [R, N]
     owners = [g for g, nodes in zip(growers, frontiers) for _ in nodes]
-    probs = torch.stack([_distribution(row, g.params) for row, g in zip(logits, owners)])  # [R, N]
+    probs = torch.stack([ranking_distribution(row, g.params) for row, g in zip(logits, owners)])  # [R, N]
     widest = min(max(g.drafter.tree.branch for g in growers), probs.shape[-1])
     top = torch.topk(probs, widest, dim=-1)
     values, indices = top.values.tolist(), top.indices.tolist()  # the one host read of this depth
@@ -116,8 +116,3 @@ def _offer_children(growers: list[_Grower], frontiers: list[list[int]]) -> None:
         g.growth.grow(offered)
         start += len(nodes)
 
-
-def _distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The head's distribution a node's children are ranked and scored by: the warped one when
-    sampling (rule 3), the plain softmax when greedy (the head's confidence; warp_logits would be one-hot)."""
-    return torch.softmax(logits.float(), -1) if params.greedy else warp_logits(logits, params)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from specdec.drafters.model import fit_logits
-from specdec.drafters.tree_shape import GrownTree, TreeGrowth, TreeShape
-from specdec.sampling import SamplingParams, warp_logits
+from specdec.drafters.tree_shape import GrownTree, TreeGrowth, TreeShape, ranking_distribution
+from specdec.sampling import SamplingParams
 from specdec.transfers import token_tensor
 from specdec.trees import is_chain
 
@@ -45,7 +45,7 @@ class ModelTree:
         """The pass's logits [rows, V_draft]: its last len(frontier) rows are the frontier's."""
         frontier = self.growth.frontier
         rows = fit_logits(logits[logits.shape[0] - len(frontier):], self.vocab_size).float()
-        probs = torch.softmax(rows, -1) if self.params.greedy else warp_logits(rows, self.params)  # rule 3
+        probs = ranking_distribution(rows, self.params)
         top = torch.topk(probs, min(self.growth.shape.branch, probs.shape[-1]), dim=-1)
         values, indices = top.values.tolist(), top.indices.tolist()
         self.growth.grow([list(zip(i, v)) for i, v in zip(indices, values)])
@@ -56,11 +56,6 @@ class ModelTree:
 
     def result(self) -> GrownTree:
         return self.growth.result()
-
-
-def forward_tree(model, tokens: torch.Tensor, tree: tuple[int, ...] | None) -> torch.Tensor:
-    """model.forward over a tree's rows (causal rows without the keyword, which every backend takes)."""
-    return model.forward(tokens) if tree is None else model.forward(tokens, tree=tree)
 
 
 @torch.inference_mode()
@@ -77,7 +72,7 @@ def grow_model_tree(drafter, context: list[int], k: int, params: SamplingParams)
     while not tree.done:
         model.rollback(base)
         tokens, parents = tree.rows()
-        tree.offer(forward_tree(model, drafter._tensor(tokens), parents))
+        tree.offer(model.forward(drafter._tensor(tokens), tree=parents))
     return tree.result()
 
 
@@ -102,8 +97,7 @@ def grow_slot_trees(drafters, contexts, ks, params) -> list[GrownTree]:
         rows = [trees[i].rows() for i in live]
         for i in live:
             pool.rollback(slots[i], bases[i])
-        shapes = [parents for _, parents in rows]
-        extra = {} if all(p is None for p in shapes) else {"trees": shapes}
-        out = pool.forward_ragged([slots[i] for i in live], [token_tensor(t, pool.device) for t, _ in rows], **extra)
+        out = pool.forward_ragged([slots[i] for i in live], [token_tensor(t, pool.device) for t, _ in rows],
+                                  trees=[parents for _, parents in rows])
         for j, i in enumerate(live):
             trees[i].offer(out.logits_of(j))

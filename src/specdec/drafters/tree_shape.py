@@ -18,7 +18,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import torch
+
 from specdec.errors import DraftSpecError
+from specdec.sampling import SamplingParams, warp_logits
+from specdec.trees import node_depths, path_rows
 
 
 @dataclass(frozen=True)
@@ -144,19 +148,7 @@ class TreeGrowth:
 
     def path(self, node: int) -> list[int]:
         """The candidates from the root's child down to `node`."""
-        out = []
-        while node >= 0:
-            out.append(node)
-            node = self.parents[node]
-        return out[::-1]
-
-
-def node_depths(parents: list[int] | tuple[int, ...]) -> list[int]:
-    """Each node's depth (1: a child of the root) for parents in topological order."""
-    out: list[int] = []
-    for parent in parents:
-        out.append(1 if parent < 0 else out[parent] + 1)
-    return out
+        return path_rows(self.parents, node)  # over node parents: the root (-1) ends the walk
 
 
 def ranked(scores, depths) -> list[int]:
@@ -207,3 +199,10 @@ def _renumbered(order: list[int], tokens, parents, scores) -> GrownTree:
     index = {node: i for i, node in enumerate(order)}
     return GrownTree(tuple(tokens[n] for n in order), tuple(-1 if parents[n] < 0 else index[parents[n]] for n in order),
                      tuple(scores[n] for n in order))
+
+
+def ranking_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The draft's distribution a node's children are ranked and scored by, logits [..., V] -> [..., V]:
+    the warped one when sampling (rule 3), the plain softmax when greedy (the draft's confidence;
+    warp_logits would be one-hot)."""
+    return torch.softmax(logits.float(), -1) if params.greedy else warp_logits(logits, params)

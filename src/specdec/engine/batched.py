@@ -353,8 +353,7 @@ class BatchedEngine:
         try:
             out = self.target.forward_ragged([u.seq.slot for u in units], [u.tokens for u in units],
                                              logits=[u.draft is not None for u in units],
-                                             features=[u.seq.layers for u in units],
-                                             **({"trees": trees} if any(t is not None for t in trees) else {}))
+                                             features=[u.seq.layers for u in units], trees=trees)
         finally:  # the matchers are the worker's until then
             masks = job.result()
         units = [u if m is None else dataclasses.replace(u, mask=m) for u, m in zip(units, masks)]
