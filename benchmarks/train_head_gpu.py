@@ -223,7 +223,7 @@ def check_on_specbench(target, heads: dict, per_category: int, max_new_tokens: i
     The target answers `answer_batch` questions at a time, sorted by length: one left-padded batch
     of every question pads the short ones to the longest RAG prompt, which a CPU cannot afford."""
     from specdec.bench.specbench import QUESTIONS, load_questions
-    from specdec.drafters.head import DraftHead
+    from specdec.drafters.head import load_head
     from specdec.train.data import _answer_batch
     from specdec.train.trainer import evaluate, sub_vocab_index, usable
 
@@ -247,13 +247,12 @@ def check_on_specbench(target, heads: dict, per_category: int, max_new_tokens: i
     cfg = replace(config, max_len=2048, batch_size=4)  # Spec-Bench inputs are long: small batches
     result: dict = {}
     for name, path in heads.items():
-        head = DraftHead.load(path).to(device).eval()
+        head = load_head(path, target.model).to(device).eval()
         sub_index = sub_vocab_index(head.vocab_ids, head.config.vocab_size, device)
-        lm_sub = parts.lm_head[head.vocab_ids].float()
         for group, chosen in groups.items():
             answer = torch.cat([e["ids"][e["start"]:].long() for e in chosen])
             cov = float((sub_index[answer] >= 0).float().mean())
-            agree = evaluate(head, parts, lm_sub, chosen, sub_index, cfg)
+            agree = evaluate(head, parts, chosen, sub_index, cfg)
             result.setdefault(group, {})[name] = {"coverage": round(cov, 3), "agreement": [round(a, 3) for a in agree]}
     return result
 

@@ -107,8 +107,8 @@ def test_fused_head_starts_as_the_final_feature_head(tiny_target):
     feats, final, embeds = torch.randn(1, 5, 64), torch.randn(1, 5, 32), torch.randn(1, 5, 32)
     feats[..., 32:] = final
     with torch.no_grad():
-        torch.testing.assert_close(fused.inputs(feats, embeds), plain.inputs(final, embeds))
-        torch.testing.assert_close(fused.inputs(final, embeds), plain.inputs(final, embeds))
+        torch.testing.assert_close(fused.layer_inputs(feats, embeds)[0], plain.layer_inputs(final, embeds)[0])
+        torch.testing.assert_close(fused.layer_inputs(final, embeds)[0], plain.layer_inputs(final, embeds)[0])
     assert fused.config.feature_width == 64 and config_for_target(tiny_target, 64, "auto").feature_layers == (0,)
 
 
@@ -133,7 +133,7 @@ class RecordingHeadDrafter(HeadDrafter):
         return drafts
 
 
-def drafts_checked_against_training(model, head: DraftHead, prompt: list[int], k: int) -> int:
+def drafts_checked_against_training(model, head, prompt: list[int], k: int) -> int:
     """Generate with the head, then assert each draft equals the trainer's prediction on the final
     text (see below); returns how many drafts were compared."""
     parts = target_parts(model)
@@ -148,9 +148,9 @@ def drafts_checked_against_training(model, head: DraftHead, prompt: list[int], k
                "layers": torch.tensor(head.config.feature_layers)}
     batch = collate([example], sub_vocab_index(head.vocab_ids, model.vocab_size, "cpu"), 1 << 10,
                     head.config.feature_layers)
-    lm_sub = parts.lm_head[head.vocab_ids].float()
+    lm_rows = head.lm_rows(parts).float()
     with torch.no_grad():
-        predicted = [head.vocab_ids[(h[0] @ lm_sub.T).argmax(-1)].tolist()
+        predicted = [head.vocab_ids[(head.readout(h[0]) @ lm_rows.T).argmax(-1)].tolist()
                      for h in unrolled_features(head, parts, batch, k)]  # [step][pair]
     checked = 0
     for length, drafts in drafter.rounds:
@@ -309,7 +309,7 @@ def test_resuming_a_checkpoint_of_other_feature_layers_is_refused(tiny_target, t
     from specdec.errors import InvalidRequestError
 
     train_head(tiny_target, draft_vocab=48, steps=2, tmp_path=tmp_path, layers=())
-    with pytest.raises(InvalidRequestError, match=r"different head \(feature layers \[\].*feature layers \[0\]"):
+    with pytest.raises(InvalidRequestError, match=r"different head \(eagle, feature layers \[\].*feature layers \[0\]"):
         train_head(tiny_target, draft_vocab=48, steps=2, tmp_path=tmp_path, layers=(0,))
 
 

@@ -16,7 +16,12 @@ def register(sub) -> None:
                     "probabilities are cached, and a one-layer head is distilled from them. Interrupted runs "
                     "resume: the data shards and OUT.ckpt are reused.")
     p.add_argument("--target", default="default", help="target model: `default`, a hub id, a directory or a .gguf")
-    p.add_argument("--out", required=True, help="where to write the head (.safetensors)")
+    p.add_argument("--out", required=True,
+                   help="where to write the head: a .safetensors file (--arch eagle), a directory (--arch eagle3)")
+    p.add_argument("--arch", choices=("eagle", "eagle3"), default="eagle",
+                   help="eagle: specdec's head on the target's LM head; eagle3: an EAGLE-3 head (own norm and LM "
+                        "head, three target layers) in the checkpoint layout SpecForge, SGLang and vLLM use "
+                        "(default: %(default)s)")
     p.add_argument("--data-dir", default=None, help="cache of the target's answers (default: ~/.cache/specdec/draft-data/TARGET)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="the target's dtype while answering: fp32, bf16, fp16")
@@ -55,11 +60,15 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from specdec.drafters.head import parse_feature_layers
+    from specdec.errors import InvalidRequestError
     from specdec.models.loader import load_model
     from specdec.train.data import DataConfig
     from specdec.train.pipeline import default_data_dir, train_draft
     from specdec.train.trainer import TrainConfig
 
+    if args.arch == "eagle3" and args.out.endswith(".safetensors"):
+        raise InvalidRequestError(f"--arch eagle3 writes a checkpoint directory (config.json, model.safetensors): "
+                                  f"pass --out DIR, not {args.out}")
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_model(args.target, device=args.device, dtype=args.dtype, backend="hf")  # needs HF generate()
@@ -73,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                                val_examples=args.val_examples, max_len=args.max_len, seed=args.seed)
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(args.target, layers)
     summary = train_draft(target, Path(args.out), data_dir, data_config, train_config,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, arch=args.arch)
     last = summary["history"][-1] if summary["history"] else {}
     print(json.dumps({"out": args.out, "answers": summary["answers"], "answer_tokens": summary["answer_tokens"],
                       "val_greedy_agreement": last.get("val_greedy_agreement")}))

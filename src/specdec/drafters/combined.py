@@ -19,6 +19,7 @@ import torch
 
 from specdec.drafters.base import Draft, Drafter, empty_draft, propose_all
 from specdec.drafters.head import HeadDrafter, load_head_drafter, read_head_card, target_identity
+from specdec.drafters.eagle3 import is_eagle3_dir, resolve_head_path
 from specdec.drafters.head_batch import head_trees
 from specdec.drafters.lookup import LookupDrafter
 from specdec.drafters.tree_shape import GrownTree, TreeShape, merge_trees
@@ -134,8 +135,8 @@ HEADS_DIR = Path(__file__).resolve().parent.parent / "data" / "heads"
 
 
 def shipped_heads() -> list[Path]:
-    """The heads shipped inside the package (data/heads/*.safetensors)."""
-    return sorted(HEADS_DIR.glob("*.safetensors"))
+    """The heads shipped inside the package: data/heads/*.safetensors and EAGLE-3 directories."""
+    return sorted([*HEADS_DIR.glob("*.safetensors"), *(p.parent for p in HEADS_DIR.glob("*/config.json"))])
 
 
 def shipped_head_for(target) -> Path | None:
@@ -170,6 +171,15 @@ def head_drafter(target, arg: str, name: str | None = None) -> HeadDrafter:
     """`head:PATH[:MIN_CONF]`: the head alone, K tokens a round (or fewer, by its confidence)."""
     path, min_confidence = split_confidence(arg)
     return load_head_drafter(path, target.model, name=name or f"head:{arg}", min_confidence=min_confidence)
+
+
+def eagle3_drafter(target, arg: str) -> HeadDrafter:
+    """`eagle3:PATH[:MIN_CONF]`: an EAGLE-3 checkpoint directory (or hub id) alone; `head:PATH` takes one too."""
+    path, _ = split_confidence(arg)
+    if not is_eagle3_dir(resolve_head_path(path)):
+        raise DraftSpecError(f"`eagle3:{arg}`: {path} is not an EAGLE-3 checkpoint directory (a config.json naming "
+                             "LlamaForCausalLMEagle3 beside its weights); for a specdec head file use head:PATH")
+    return head_drafter(target, arg, name=f"eagle3:{arg}")
 
 
 def lookup_head_drafter(target, arg: str, name: str | None = None) -> LookupThenHead:

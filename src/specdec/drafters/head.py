@@ -50,6 +50,7 @@ class HeadConfig:
     # EAGLE-3's fused features: the outputs of these target layers come before the final-norm
     # feature in what the head reads (); empty: the final-norm feature alone (EAGLE-1).
     feature_layers: tuple[int, ...] = ()
+    arch: str = "eagle"  # "eagle": DraftHead, on the target's norm and LM head; "eagle3": eagle3.Eagle3Head
 
     def __post_init__(self):
         object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))  # from JSON lists
@@ -92,19 +93,29 @@ def target_parts(model) -> TargetParts:
             "does not expose them") from None
 
 
-def config_for_target(model, draft_vocab: int, feature_layers: tuple[int, ...] | str = ()) -> HeadConfig:
-    """A head shaped like one decoder layer of the target. feature_layers: layer indices, or a
-    choice as --feature-layers takes it (parse_feature_layers)."""
+ARCHS = ("eagle", "eagle3")  # DraftHead; eagle3.Eagle3Head
+
+
+def config_for_target(model, draft_vocab: int, feature_layers: tuple[int, ...] | str = (),
+                      arch: str = "eagle") -> HeadConfig:
+    """A head of `arch` shaped like one decoder layer of the target. feature_layers: layer indices,
+    or a choice as --feature-layers takes it (parse_feature_layers)."""
+    if arch not in ARCHS:
+        raise InvalidRequestError(f"unknown head architecture {arch!r}: use one of {', '.join(ARCHS)}")
     c = getattr(model, "model", model).config
     rope = getattr(c, "rope_parameters", None) or {}
     if isinstance(feature_layers, str):
         feature_layers = parse_feature_layers(feature_layers, c.num_hidden_layers)
-    return HeadConfig(hidden=c.hidden_size, num_heads=c.num_attention_heads,
+    config = HeadConfig(hidden=c.hidden_size, num_heads=c.num_attention_heads,
                       num_kv_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
                       intermediate=c.intermediate_size, vocab_size=c.vocab_size, draft_vocab=draft_vocab,
                       rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
                       norm_eps=float(c.rms_norm_eps),
-                      feature_layers=check_feature_layers(tuple(feature_layers), c.num_hidden_layers))
+                      feature_layers=check_feature_layers(tuple(feature_layers), c.num_hidden_layers), arch=arch)
+    if arch == "eagle3" and not config.feature_layers:
+        raise InvalidRequestError("an EAGLE-3 head reads lower target layers: give --feature-layers auto or indices, "
+                                  "not none")
+    return config
 
 
 def auto_feature_layers(n_layers: int) -> tuple[int, ...]:
@@ -135,29 +146,31 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[t
 
 
 class HeadLayer(nn.Module):
-    """One Llama decoder layer, split so that training can choose which keys each query sees."""
+    """One Llama decoder layer, split so that training can choose which keys each query sees.
+    in_width: the width of the attention's input (EAGLE-3 reads the embedding beside the feature: 2D)."""
 
-    def __init__(self, c: HeadConfig):
+    def __init__(self, c: HeadConfig, in_width: int | None = None):
         super().__init__()
         self.c = c
         d, hd = c.hidden, c.head_dim
+        width = in_width or d
         self.attn_norm = nn.Parameter(torch.ones(d))
-        self.q = nn.Linear(d, c.num_heads * hd, bias=False)
-        self.k = nn.Linear(d, c.num_kv_heads * hd, bias=False)
-        self.v = nn.Linear(d, c.num_kv_heads * hd, bias=False)
+        self.q = nn.Linear(width, c.num_heads * hd, bias=False)
+        self.k = nn.Linear(width, c.num_kv_heads * hd, bias=False)
+        self.v = nn.Linear(width, c.num_kv_heads * hd, bias=False)
         self.o = nn.Linear(c.num_heads * hd, d, bias=False)
         self.mlp_norm = nn.Parameter(torch.ones(d))
         self.gate = nn.Linear(d, c.intermediate, bias=False)
         self.up = nn.Linear(d, c.intermediate, bias=False)
         self.down = nn.Linear(c.intermediate, d, bias=False)
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [B, T, D] -> q [B, H, T, hd], k and v [B, Hkv, T, hd] (rotary applied)."""
-        b, t, _ = x.shape
-        h = rms_norm(x, self.attn_norm, self.c.norm_eps)
-        q = self.q(h).view(b, t, self.c.num_heads, -1).transpose(1, 2)
-        k = self.k(h).view(b, t, self.c.num_kv_heads, -1).transpose(1, 2)
-        v = self.v(h).view(b, t, self.c.num_kv_heads, -1).transpose(1, 2)
+    def project(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """The attention's normalised input a [B, T, in_width] -> q [B, H, T, hd], k and v [B, Hkv, T, hd]
+        (rotary applied)."""
+        b, t, _ = a.shape
+        q = self.q(a).view(b, t, self.c.num_heads, -1).transpose(1, 2)
+        k = self.k(a).view(b, t, self.c.num_kv_heads, -1).transpose(1, 2)
+        v = self.v(a).view(b, t, self.c.num_kv_heads, -1).transpose(1, 2)
         return rotate(q, cos, sin), rotate(k, cos, sin), v  # cos, sin [T, hd] broadcast over [B, H, T, hd]
 
     def finish(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -203,9 +216,31 @@ class DraftHead(nn.Module):
         ids = vocab_ids if vocab_ids is not None else torch.arange(config.draft_vocab)
         self.register_buffer("vocab_ids", ids.long().clone())  # [N]: target ids the head may draft
 
-    def inputs(self, feats: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+    predicts_features = True  # training regresses carry() on the target's next feature
+
+    def layer_inputs(self, feats: torch.Tensor, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """feats [B, T, feature_width] (the target's) or [B, T, D] (the head's own), embeds [B, T, D]
-        -> layer input [B, T, D]."""
+        -> (the layer's residual input x [B, T, D], its attention's normalised input [B, T, D])."""
+        x = self._fused(feats, embeds)
+        return x, rms_norm(x, self.layer.attn_norm, self.config.norm_eps)
+
+    def carry(self, out: torch.Tensor, parts: TargetParts) -> torch.Tensor:
+        """The layer's output [.., D] -> the feature a draft step hands on: the predicted final-norm feature."""
+        return rms_norm(out, parts.norm_weight.float(), parts.norm_eps)
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        """A carried feature [.., D] -> what the LM rows multiply (the target's LM head reads it as is)."""
+        return h
+
+    def lm_rows(self, parts: TargetParts) -> torch.Tensor:
+        """[N, D]: the LM-head rows of the drafted ids (the target's, frozen)."""
+        return parts.lm_head[self.vocab_ids]
+
+    def embedding(self, parts: TargetParts) -> torch.Tensor:
+        """[V, D]: the token embeddings the head reads (the target's)."""
+        return parts.embed
+
+    def _fused(self, feats: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         d = self.config.hidden
         if self.fuse is not None:
             if feats.shape[-1] == d:
@@ -230,6 +265,9 @@ class DraftHead(nn.Module):
         from safetensors import safe_open
 
         path = Path(path).expanduser()
+        if path.is_dir():
+            raise ModelLoadError(f"{path} is a directory but not an EAGLE-3 head (its config.json must name "
+                                 "LlamaForCausalLMEagle3): pass a head file or an EAGLE-3 checkpoint directory")
         if not path.is_file():
             raise ModelLoadError(f"draft head not found: {path} (train one with `specdec train-draft`)")
         try:
@@ -251,12 +289,25 @@ def _write(path: str | Path, tensors: dict[str, torch.Tensor], info: dict[str, s
     save_file(tensors, str(path), metadata=info)
 
 
+def card_file(path: str | Path) -> Path | None:
+    """The safetensors file that holds a head's card: the file itself, or an EAGLE-3 directory's
+    weights (None: a directory of pytorch_model.bin, which has no metadata)."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        return path
+    return next(iter(sorted(path.glob("*.safetensors"))), None)
+
+
 def read_head_card(path: str | Path) -> HeadCard:
-    """A head file's card (the target it was made for, its draft policy) without reading its weights."""
+    """A head's card (the target it was made for, its draft policy) without reading its weights; a
+    head from elsewhere (no card) gets no target and the default policy."""
     from safetensors import safe_open
 
+    file = card_file(path)
+    if file is None:
+        return HeadCard(None, HeadPolicy())
     try:
-        with safe_open(str(Path(path).expanduser()), framework="pt") as f:
+        with safe_open(str(file), framework="pt") as f:
             return card_from_metadata(f.metadata() or {})
     except Exception as exc:  # not safetensors, or a card that does not parse
         raise ModelLoadError(f"{path} is not a specdec draft head with a readable card: {exc}") from None
@@ -266,10 +317,11 @@ def write_head_card(path: str | Path, card: HeadCard) -> None:
     """Record `card` in an existing head file; its weights and other metadata stay as they are."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as f:
+    file = card_file(path)
+    with safe_open(str(file), framework="pt") as f:
         info = dict(f.metadata() or {})
         tensors = {k: f.get_tensor(k) for k in f.keys()}
-    _write(path, tensors, {**info, **card_metadata(card)})
+    _write(file, tensors, {**info, **card_metadata(card)})
 
 
 def target_identity(model) -> TargetIdentity:
@@ -291,6 +343,7 @@ class HeadDrafter(Drafter):
             raise ModelLoadError(
                 f"this draft head was trained for a target with vocabulary {c.vocab_size} and hidden size "
                 f"{c.hidden}; the target has {tuple(parts.embed.shape)}: train a head for this target")
+        self.embed = head.embedding(parts)  # [V, D]: the embeddings the head reads
         self.head, self.parts, self.c = head, parts, c
         self.feature_layers = c.feature_layers
         # End a round once the head's own estimate that every draft so far is kept (the product of
@@ -303,7 +356,7 @@ class HeadDrafter(Drafter):
         self.tree: TreeShape | None = None  # None: chains; else EAGLE-2 trees of this shape (head_tree.py)
         self.vocab_list = head.vocab_ids.tolist()  # the drafted ids on the host, for trees' host-side growth
         self.device = parts.embed.device
-        self.lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D] runtime copy of the drafted rows
+        self.lm_sub = head.lm_rows(parts).float()  # [N, D] runtime copy of the drafted rows
         # On a CPU the drafted rows are held transposed, the faster single-row layout (CpuMatrix).
         if self.device.type == "cpu" and can_pack():
             self.lm_sub = CpuMatrix(self.lm_sub, CpuLayout(one_row="plain", pack_rows=0))
@@ -365,8 +418,11 @@ def load_head_drafter(path: str, target_model, name: str | None = None,
                       min_confidence: float | None = None) -> HeadDrafter:
     """A HeadDrafter for `path` on a target backend (CausalLM), with the policy its file records
     (min_confidence None: the policy's)."""
-    head = DraftHead.load(path, device=target_model.device)
-    policy = read_head_card(path).policy
+    from specdec.drafters.eagle3 import resolve_head_path
+
+    where = resolve_head_path(path)
+    head = load_head(where, target_model)
+    policy = read_head_card(where).policy
     layers, n_layers = head.config.feature_layers, _num_layers(target_model)
     if layers and n_layers is not None:
         try:
@@ -377,6 +433,15 @@ def load_head_drafter(path: str, target_model, name: str | None = None,
     return HeadDrafter(head, target_parts(target_model), max_length=min(target_model.max_length, 1 << 15),
                        name=name or f"head:{path}", policy=policy,
                        min_confidence=policy.min_confidence if min_confidence is None else min_confidence)
+
+
+def load_head(path: str | Path, target_model) -> nn.Module:
+    """The head at `path` on the target's device: an EAGLE-3 directory (eagle3.py) or a specdec head file."""
+    from specdec.drafters import eagle3
+
+    if eagle3.is_eagle3_dir(path):
+        return eagle3.load_eagle3(path, device=target_model.device, target_layers=_num_layers(target_model))
+    return DraftHead.load(path, device=target_model.device)
 
 
 def _num_layers(target_model) -> int | None:

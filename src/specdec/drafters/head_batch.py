@@ -22,7 +22,6 @@ from specdec.drafters.head_tree import grow_head_trees
 from specdec.drafters.tree_shape import GrownTree
 from specdec.errors import InvalidRequestError
 from specdec.models.cpu_matrix import linear
-from specdec.models.llama_net import rms_norm
 from specdec.sampling import SamplingParams, sample, warp_logits
 from specdec.transfers import pick, token_tensor
 
@@ -125,10 +124,10 @@ def run_pairs(drafters, feats: list[torch.Tensor], tokens: list[torch.Tensor], s
     counts = [int(t.shape[0]) for t in tokens]
     rows = list(accumulate(counts, initial=0))
     flat = torch.cat(tokens)
-    x = head.inputs(torch.cat(feats)[None], parts.embed[flat][None].float())  # [1, T, D]
+    x, a = head.layer_inputs(torch.cat(feats)[None], first.embed[flat][None].float())  # [1, T, D], [1, T, D or 2D]
     positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, counts)]).to(first.device)
     cos, sin = rope_tables(positions, c.head_dim, c.rope_theta)
-    q, k, v = head.layer.project(x, cos, sin)  # [1, H or Hkv, T, hd]
+    q, k, v = head.layer.project(a, cos, sin)  # [1, H or Hkv, T, hd]
     attended = []
     for d, start, row, n in zip(drafters, starts, rows, counts):
         end = start + n
@@ -142,14 +141,14 @@ def run_pairs(drafters, feats: list[torch.Tensor], tokens: list[torch.Tensor], s
         attended.append(head.layer.attend(q[:, :, row:row + n], d._k[:, :, :end], d._v[:, :, :end], mask))
     out = head.layer.after_attention(x, torch.cat(attended, dim=2))  # [1, T, D]
     last = [row - 1 for row in rows[1:]]
-    return rms_norm(out[0, last], parts.norm_weight.float(), parts.norm_eps)
+    return head.carry(out[0, last], parts)
 
 
 def _choose(drafter, hs: list[torch.Tensor], min_confidence: list[float], params: list[SamplingParams],
             generators) -> list[tuple[torch.Tensor, torch.Tensor | None, float]]:
     """One token for each predicted feature hs[j] [D]: (token, q [V] or None when greedy, the head's
     probability of that token, computed only when min_confidence asks for it: a host read)."""
-    logits = linear(torch.stack(hs), drafter.lm_sub)  # [b, N]
+    logits = linear(drafter.head.readout(torch.stack(hs)), drafter.lm_sub)  # [b, N]
     vocab_ids, out = drafter.head.vocab_ids, []
     for j, (sp, generator) in enumerate(zip(params, generators)):
         row = logits[j]

@@ -20,7 +20,6 @@ from specdec.drafters.head import rope_tables
 from specdec.drafters.tree_shape import GrownTree, TreeGrowth, ranking_distribution
 from specdec.errors import InvalidRequestError
 from specdec.models.cpu_matrix import linear
-from specdec.models.llama_net import rms_norm
 from specdec.sampling import SamplingParams
 
 
@@ -80,9 +79,9 @@ def _run_frontiers(growers: list[_Grower]) -> list[torch.Tensor]:
         positions += where
         counts.append(len(frontier))
     flat = torch.tensor(tokens, device=first.device)
-    x = head.inputs(torch.stack(feats)[None], parts.embed[flat][None].float())  # [1, T, D]
+    x, a = head.layer_inputs(torch.stack(feats)[None], first.embed[flat][None].float())  # [1, T, D], [1, T, D or 2D]
     cos, sin = rope_tables(torch.tensor(positions, device=first.device), c.head_dim, c.rope_theta)
-    q, k, v = head.layer.project(x, cos, sin)  # [1, H or Hkv, T, hd]
+    q, k, v = head.layer.project(a, cos, sin)  # [1, H or Hkv, T, hd]
     attended, row = [], 0
     for g, rows, n in zip(growers, entries, counts):
         d, end = g.drafter, max(rows) + 1
@@ -94,7 +93,7 @@ def _run_frontiers(growers: list[_Grower]) -> list[torch.Tensor]:
         attended.append(head.layer.attend(q[:, :, row:row + n], d._k[:, :, :end], d._v[:, :, :end], g.mask(end)))
         row += n
     out = head.layer.after_attention(x, torch.cat(attended, dim=2))  # [1, T, D]
-    predicted = rms_norm(out[0], parts.norm_weight.float(), parts.norm_eps)  # [T, D]
+    predicted = head.carry(out[0], parts)  # [T, D]
     return list(predicted.split(counts))
 
 
@@ -103,7 +102,7 @@ def _offer_children(growers: list[_Grower], frontiers: list[list[int]]) -> None:
     logits pass and one host read for all."""
     first = growers[0].drafter
     hs = torch.stack([g.feature[n] for g, nodes in zip(growers, frontiers) for n in nodes])  # [R, D]
-    logits = linear(hs, first.lm_sub)  # [R, N]
+    logits = linear(first.head.readout(hs), first.lm_sub)  # [R, N]
     owners = [g for g, nodes in zip(growers, frontiers) for _ in nodes]
     probs = torch.stack([ranking_distribution(row, g.params) for row, g in zip(logits, owners)])  # [R, N]
     widest = min(max(g.drafter.tree.branch for g in growers), probs.shape[-1])

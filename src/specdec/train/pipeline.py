@@ -25,10 +25,11 @@ def default_data_dir(target_name: str, feature_layers: tuple[int, ...] = ()) -> 
 
 def train_draft(target: LoadedModel, out: Path, data_dir: Path, data_config: DataConfig,
                 train_config: TrainConfig, progress: bool = True, log=print,
-                head_layers: tuple[int, ...] | None = None) -> dict:
+                head_layers: tuple[int, ...] | None = None, arch: str = "eagle") -> dict:
     """Build (or resume) the data under data_dir, train (or resume) the head, save it to `out`.
 
     head_layers: the target layers the head reads (any of those the data keeps; None: all of them).
+    arch: `eagle` (a specdec head file) or `eagle3` (an EAGLE-3 checkpoint directory, eagle3.py).
 
     The checkpoint for resuming lives next to `out` (`out` + ".ckpt"). Returns a summary dict.
     """
@@ -44,7 +45,7 @@ def train_draft(target: LoadedModel, out: Path, data_dir: Path, data_config: Dat
     parts = target_parts(target.model)
     draft_vocab = min(train_config.draft_vocab, parts.lm_head.shape[0])
     layers = data_config.feature_layers if head_layers is None else head_layers
-    head_config = config_for_target(target.model, draft_vocab, layers)
+    head_config = config_for_target(target.model, draft_vocab, layers, arch)
     ckpt = Path(str(out) + ".ckpt")
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")  # TF32 for the head's training only; the data above is full fp32

@@ -1,10 +1,11 @@
 """Distil a draft head from the target's recorded features and probabilities.
 
 Loss, per unrolled step s = 1..S ("training-time test", as in EAGLE-3): cross-entropy of the head's
-logits over its sub-vocabulary against the target's top-k probabilities, plus a small smooth-L1
-loss between the head's predicted feature and the target's. Step 1 reads true features; step s
-reads the head's own prediction from step s-1, and its attention sees exactly what it would see
-while drafting: the true pairs before the draft began and its own earlier draft pairs.
+logits over its sub-vocabulary against the target's top-k probabilities, plus, for a head that predicts
+the target's feature (DraftHead), a small smooth-L1 loss between its prediction and the target's. Step 1
+reads true features; step s reads the head's own carried feature from step s-1, and its attention sees
+exactly what it would see while drafting: the true pairs before the draft began and its own earlier
+draft pairs. Both heads (head.DraftHead, eagle3.Eagle3Head) train through one contract.
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.drafters.head import (
-    DraftHead,
-    HeadConfig,
-    TargetParts,
-    rms_norm,
-    rope_tables,
-)
+from specdec.drafters.eagle3 import Eagle3Head
+from specdec.drafters.head import DraftHead, HeadConfig, TargetParts, rope_tables
 from specdec.errors import InvalidRequestError
+
+
+HeadNet = DraftHead | Eagle3Head  # the two heads share one contract (layer_inputs, carry, readout, lm_rows, ...)
 
 
 @dataclass(frozen=True)
@@ -126,18 +125,18 @@ def collate(examples: list[dict], sub_index: torch.Tensor, max_len: int, layers:
     return out
 
 
-def unrolled_features(head: DraftHead, parts: TargetParts, batch: Batch, steps: int) -> list[torch.Tensor]:
-    """Predicted features [B, T, D] for each of `steps` drafting steps (see module doc)."""
+def unrolled_features(head: HeadNet, parts: TargetParts, batch: Batch, steps: int) -> list[torch.Tensor]:
+    """The carried features [B, T, D] of each of `steps` drafting steps (see module doc)."""
     c = head.config
     b, t, _ = batch.feats.shape
     idx = torch.arange(t, device=batch.feats.device)
     cos, sin = rope_tables(idx, c.head_dim, c.rope_theta)
-    embeds = parts.embed[batch.next_ids].float()
+    embeds = head.embedding(parts)[batch.next_ids].float()
     keys, values, outputs = [], [], []
     feats = batch.feats
     for s in range(1, steps + 1):
-        x = head.inputs(feats, embeds)
-        q, k, v = head.layer.project(x, cos, sin)
+        x, a = head.layer_inputs(feats, embeds)
+        q, k, v = head.layer.project(a, cos, sin)
         keys.append(k)
         values.append(v)
         # Query i of step s sees true pairs j <= i - s + 1 and its own draft pairs at j = i - s + r (r = 2..s).
@@ -146,23 +145,25 @@ def unrolled_features(head: DraftHead, parts: TargetParts, batch: Batch, steps: 
         mask = torch.cat(blocks, dim=1)
         mask[:, 0] |= ~mask.any(dim=1)  # rows with nothing visible (their loss is masked) must not give NaN
         out = head.layer.finish(x, q, torch.cat(keys, 2), torch.cat(values, 2), mask)
-        h = rms_norm(out, parts.norm_weight, parts.norm_eps)
+        h = head.carry(out, parts)
         outputs.append(h)
         feats = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)  # step s+1 at i reads h at i-1
     return outputs
 
 
-def head_loss(head: DraftHead, parts: TargetParts, lm_sub: torch.Tensor, batch: Batch, config: TrainConfig):
+def head_loss(head: HeadNet, parts: TargetParts, batch: Batch, config: TrainConfig):
     """Total loss and per-step greedy accuracy (head argmax == target argmax) over the batch."""
     total, accs = 0.0, []
+    lm_rows = head.lm_rows(parts).float()  # [N, D]: the target's (frozen) or the head's own (trained)
     for s, h in enumerate(unrolled_features(head, parts, batch, config.unroll), start=1):
         mask = batch.mask.clone()
         mask[:, : s - 1] = False  # the first s-1 positions have no step-s input
-        logq = torch.log_softmax(h[mask] @ lm_sub.T, dim=-1)  # [M, N]
+        logq = torch.log_softmax(head.readout(h[mask]) @ lm_rows.T, dim=-1)  # [M, N]
         top, p = batch.top_sub[mask], batch.top_p[mask]  # [M, k]
         ce = -(p * logq.gather(1, top.clamp(min=0)) * (top >= 0)).sum(-1).mean()
-        feat = F.smooth_l1_loss(h[mask], batch.feat_targets[mask])
-        total = total + ce + config.feature_weight * feat
+        total = total + ce
+        if head.predicts_features:
+            total = total + config.feature_weight * F.smooth_l1_loss(h[mask], batch.feat_targets[mask])
         pred = head.vocab_ids[logq.argmax(-1)]
         accs.append(float((pred == batch.argmax_ids[mask]).float().mean()))
     return total / config.unroll, accs
@@ -189,15 +190,15 @@ def lr_at(step: int, config: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def evaluate(head: DraftHead, parts: TargetParts, lm_sub: torch.Tensor, examples: list[dict],
-             sub_index: torch.Tensor, config: TrainConfig) -> list[float]:
+def evaluate(head: HeadNet, parts: TargetParts, examples: list[dict], sub_index: torch.Tensor,
+             config: TrainConfig) -> list[float]:
     """Held-out greedy agreement per drafting step (an estimate of per-position acceptance)."""
     head.eval()
     sums = [0.0] * config.unroll
     for i in range(0, len(examples), config.batch_size):
         chunk = examples[i:i + config.batch_size]
-        batch = to_device(collate(chunk, sub_index, config.max_len, head.config.feature_layers), lm_sub.device)
-        _, accs = head_loss(head, parts, lm_sub, batch, config)
+        batch = to_device(collate(chunk, sub_index, config.max_len, head.config.feature_layers), parts.embed.device)
+        _, accs = head_loss(head, parts, batch, config)
         sums = [a + b * len(chunk) for a, b in zip(sums, accs)]
     head.train()
     return [s / max(1, len(examples)) for s in sums]
@@ -210,16 +211,20 @@ def split(examples: list[dict], config: TrainConfig) -> tuple[list[dict], list[d
     return [examples[i] for i in order[n_val:]], [examples[i] for i in order[:n_val]]
 
 
-def new_head(head_config: HeadConfig, vocab_ids: torch.Tensor, seed: int) -> DraftHead:
+def new_head(head_config: HeadConfig, vocab_ids: torch.Tensor, seed: int, parts: TargetParts) -> HeadNet:
+    """A fresh head of head_config.arch: `eagle` (DraftHead) or `eagle3` (Eagle3Head, started from the
+    target's final norm and LM-head rows), on the target's device."""
     torch.manual_seed(seed)
-    return DraftHead(head_config, vocab_ids)
+    if head_config.arch == "eagle3":
+        return Eagle3Head(head_config, vocab_ids).to(parts.embed.device).initialise_from(parts)
+    return DraftHead(head_config, vocab_ids).to(parts.embed.device)
 
 
 def config_dict(config: TrainConfig) -> dict:
     return asdict(config)
 
 
-def checkpoint_state(head: DraftHead, optimizer, step: int, config: TrainConfig, history: list) -> dict:
+def checkpoint_state(head: HeadNet, optimizer, step: int, config: TrainConfig, history: list) -> dict:
     return {"head": head.state_dict(), "head_config": asdict(head.config), "optimizer": optimizer.state_dict(),
             "step": step, "train_config": asdict(config), "history": history}
 
@@ -255,7 +260,7 @@ def load_examples(paths: list[Path], device: torch.device | str = "cpu") -> list
 
 
 def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], config: TrainConfig,
-        ckpt_path: Path, progress: bool = True, log=print, stop_at: int | None = None) -> tuple[DraftHead, list[dict]]:
+        ckpt_path: Path, progress: bool = True, log=print, stop_at: int | None = None) -> tuple[HeadNet, list[dict]]:
     """Train (or resume from ckpt_path) a head; returns it and the validation history.
 
     Batches are drawn from a generator seeded by (seed, step), so a resumed run sees the same data
@@ -268,7 +273,7 @@ def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], confi
         train_set.sort(key=lambda e: min(int(e["ids"].shape[0]), config.max_len))
     vocab_ids = choose_vocab(train_set, head_config.draft_vocab, head_config.vocab_size)
     device = parts.embed.device
-    head = new_head(head_config, vocab_ids, config.seed).to(device)
+    head = new_head(head_config, vocab_ids, config.seed, parts)
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
     step, history = 0, []
     if ckpt_path.exists():
@@ -276,23 +281,23 @@ def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], confi
         saved = HeadConfig(**state["head_config"])
         if saved != head_config:  # e.g. other feature layers: its weights would not fit (or, worse, would)
             raise InvalidRequestError(
-                f"the checkpoint {ckpt_path} is of a different head (feature layers {list(saved.feature_layers)}, "
-                f"draft vocabulary {saved.draft_vocab}) than this run asks for (feature layers "
-                f"{list(head_config.feature_layers)}, draft vocabulary {head_config.draft_vocab}): delete it "
+                f"the checkpoint {ckpt_path} is of a different head ({saved.arch}, feature layers "
+                f"{list(saved.feature_layers)}, draft vocabulary {saved.draft_vocab}) than this run asks for "
+                f"({head_config.arch}, feature layers {list(head_config.feature_layers)}, draft vocabulary "
+                f"{head_config.draft_vocab}): delete it "
                 "to start over, or pass another --out")
         head.load_state_dict(state["head"])
         optimizer.load_state_dict(state["optimizer"])
         step, history = state["step"], state["history"]
         log(f"resuming from {ckpt_path} at step {step}")
     sub_index = sub_vocab_index(head.vocab_ids, head_config.vocab_size, examples[0]["ids"].device)
-    lm_sub = parts.lm_head[head.vocab_ids].float()  # [N, D]
     bar = tqdm(total=config.steps, initial=step, desc="train head", unit="step", disable=not progress)
     while step < min(config.steps, stop_at or config.steps):
         batch = collate(draw_batch(train_set, step, config), sub_index, config.max_len, head_config.feature_layers)
         batch = to_device(batch, device)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
-        loss, accs = head_loss(head, parts, lm_sub, batch, config)
+        loss, accs = head_loss(head, parts, batch, config)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -301,7 +306,7 @@ def fit(parts: TargetParts, head_config: HeadConfig, examples: list[dict], confi
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", acc=" ".join(f"{a:.2f}" for a in accs))
         if step % config.eval_every == 0 or step == config.steps:
-            val = evaluate(head, parts, lm_sub, val_set, sub_index, config) if val_set else []
+            val = evaluate(head, parts, val_set, sub_index, config) if val_set else []
             history.append({"step": step, "loss": loss.item(), "val_greedy_agreement": val})
             bar.write(f"step {step}: held-out greedy agreement per draft step {[round(v, 3) for v in val]}")
         if step % config.ckpt_every == 0 or step in (config.steps, stop_at):
