@@ -78,6 +78,8 @@ def main() -> int:
     p.add_argument("--data-only", action="store_true", help="stop after the data (a later run trains on it)")
     p.add_argument("--feature-layers", default="auto", help="target layers the data keeps (train-draft's flag)")
     p.add_argument("--head-layers", default=None, help="layers the head reads (default: --feature-layers)")
+    p.add_argument("--arch", choices=("eagle", "eagle3"), default="eagle",
+                   help="train-draft's --arch (eagle3: --out is a checkpoint directory)")
     p.add_argument("--ab-steps", type=int, default=0,
                    help="after the data: train a head on the last layer alone and one on --feature-layers for "
                         "this many steps each, print both agreements, write the better choice to DATA/winner.txt")
@@ -130,7 +132,7 @@ def main() -> int:
           f"--steps {steps} --batch-size {args.batch_size} --lr {args.lr} --unroll {args.unroll} "
           f"--draft-vocab {args.draft_vocab} --max-len {args.max_len} "
           f"--feature-layers {','.join(map(str, head_layers)) or 'none'} "
-          f"--val-examples {args.val_examples} --eval-every {args.eval_every} "
+          f"--val-examples {args.val_examples} --eval-every {args.eval_every} --arch {args.arch} "
           f"--data-dir {data_dir} --out {args.out}", flush=True)
 
     # 3. The run itself: exactly train-draft's pipeline.
@@ -142,7 +144,8 @@ def main() -> int:
     elif ckpt.exists():
         first_step = torch.load(ckpt, weights_only=False, map_location="cpu")["step"]
     t0 = time.perf_counter()
-    summary = train_draft(target, out, data_dir, data_config, train_config, progress=False, head_layers=head_layers)
+    summary = train_draft(target, out, data_dir, data_config, train_config, progress=False, head_layers=head_layers,
+                          arch=args.arch)
     seconds = time.perf_counter() - t0
     summary.update(train_seconds=round(seconds, 1), total_seconds=round(clock(), 1), resumed_at_step=first_step,
                    ms_per_step=round(seconds / max(1, steps - first_step) * 1000, 2),
@@ -167,7 +170,7 @@ def fit_steps(target, shards: list[Path], train_config, head_layers, data_dir: P
     (train_draft loads the examples again and logs their count: these are freed on return.)"""
     examples = load_examples(shards, device=args.device)
     parts = target_parts(target.model)
-    head_config = config_for_target(target.model, args.draft_vocab, head_layers)
+    head_config = config_for_target(target.model, args.draft_vocab, head_layers, args.arch)
     probe_dir = data_dir / "probe"
     shutil.rmtree(probe_dir, ignore_errors=True)
     probe_dir.mkdir(parents=True)

@@ -38,17 +38,22 @@ train)
     WINNER=(--head-layers "$(cat $KEEP/data/winner.txt)")
   fi
   # TRAIN_SECONDS: stop (and export the checkpoint below) before the call's own limit.
-  timeout "${TRAIN_SECONDS:-545}" python3 benchmarks/train_head_gpu.py --target $GGUF --out $KEEP/head.safetensors \
+  # An EAGLE-3 head (--arch eagle3) is a checkpoint directory, a specdec head one file.
+  HEAD=$KEEP/head.safetensors
+  if [[ " $* " == *" --arch eagle3 "* ]]; then HEAD=$KEEP/head-eagle3; fi
+  timeout "${TRAIN_SECONDS:-545}" python3 benchmarks/train_head_gpu.py --target $GGUF --out $HEAD \
     --data-dir $KEEP/data --summary $OUT/summary.json "${WINNER[@]}" "${@:2}" 2>&1 | tee $OUT/train.log
   cp $KEEP/data/ab.json $OUT/ 2>/dev/null
-  if [ -f $KEEP/head.safetensors ]; then cp $KEEP/head.safetensors $OUT/; exit 0; fi
-  [ -f $KEEP/head.safetensors.ckpt ] || exit 0  # a data-only run
+  if [ -e $HEAD ]; then cp -r $HEAD $OUT/; exit 0; fi
+  [ -f $HEAD.ckpt ] || exit 0  # a data-only run
   # Cut short: export the last checkpoint's head (trained with a learning rate not yet decayed).
-  python3 - "$KEEP/head.safetensors.ckpt" "$OUT/head_ckpt.safetensors" <<'PY'
+  python3 - "$HEAD.ckpt" "$OUT/$(basename $HEAD)-ckpt" <<'PY'
 import sys, torch
+from specdec.drafters.eagle3 import Eagle3Head
 from specdec.drafters.head import DraftHead, HeadConfig
 state = torch.load(sys.argv[1], weights_only=False, map_location="cpu")
-head = DraftHead(HeadConfig(**state["head_config"]), state["head"]["vocab_ids"])
+config = HeadConfig(**state["head_config"])
+head = (Eagle3Head if config.arch == "eagle3" else DraftHead)(config, state["head"]["vocab_ids"])
 head.load_state_dict(state["head"])
 head.save(sys.argv[2], meta={"step": state["step"], "history": state["history"]})
 print("exported the checkpoint of step", state["step"])
