@@ -15,7 +15,8 @@ import torch
 
 from specdec import faults
 from specdec.drafters import make_drafter
-from specdec.drafters.cross_tokenizer import ForeignDraft, IntersectionDrafter, TextDrafter, encode, reencode, text_after
+from specdec.drafters.cross_tokenizer import (ForeignDraft, IntersectionDrafter, TextDrafter, encode, reencode,
+                                              text_after)
 from specdec.drafters.model import DraftSlots
 from specdec.drafters.none import NoDrafter
 from specdec.engine import Engine, GenerationConfig
@@ -214,7 +215,8 @@ def test_a_draft_of_the_targets_text_is_kept(dirs):
     target = load_model(dirs["words"])
     prompt = encode(target.tokenizer, "<s> the cat")
     for spec in (dirs["permuted"], f"intersect:{dirs['permuted']}"):
-        _, _, stats = plain_and_spec(target, make_drafter(spec, target), prompt, GenerationConfig(max_new_tokens=30, k=3))
+        config = GenerationConfig(max_new_tokens=30, k=3)
+        _, _, stats = plain_and_spec(target, make_drafter(spec, target), prompt, config)
         assert stats.drafted > 10 and stats.accepted >= 0.8 * stats.drafted
 
 

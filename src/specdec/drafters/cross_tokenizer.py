@@ -102,12 +102,15 @@ class ForeignDraft:
         bos = self.draft_tokenizer.bos_token_id
         return [bos] + ids if bos is not None and ids[:1] != [bos] else ids
 
-    def run(self, context: list[int], k: int, choose: Callable[[torch.Tensor], int | None]) -> tuple[list[int], list[int]]:
+    def run(self, context: list[int], k: int,
+            choose: Callable[[torch.Tensor], int | None]) -> tuple[list[int], list[int]]:
         """(the draft's ids of the text, up to k draft ids chosen after them): choose(logits [V_draft])
         gives the next id, or None to stop. The cache rolls back to what it shares with the text's ids,
         reads the rest, and ends holding them and the chosen ids it read (all but the last unless the
         draft stopped early); `fed` says which."""
         ids = self.draft_ids(context)
+        if not ids:  # no text yet and no BOS: nothing to draft after
+            return ids, []
         keep = min(common_prefix(self.fed, ids), len(ids) - 1)  # one unseen token at least: its logits
         model, slot = self.pool.model, self.lease.slot
         model.rollback(slot, keep)
