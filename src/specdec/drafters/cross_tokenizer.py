@@ -152,6 +152,9 @@ class TextDrafter(Drafter):
     def begin(self, prompt: list[int]) -> None:
         self.draft.begin()
 
+    def warm_up(self) -> None:
+        self.draft.pool.warm_up()  # a draft slot model's CUDA graphs
+
     def end(self) -> None:
         self.draft.end()
 
