@@ -41,12 +41,13 @@ def tiny_tokenizer(words: list[str] = WORDS):
 
 
 def tiny_model_dir(path: str | Path, seed: int = 0, layers: int = 2, hidden: int = 32,
-                   scale: float = 8.0, words: list[str] = WORDS) -> Path:
-    """Save a tiny random Llama and its tokenizer under `path`; returns the directory."""
+                   scale: float = 8.0, words: list[str] = WORDS, tokenizer=None) -> Path:
+    """Save a tiny random Llama and its tokenizer (tiny_tokenizer(words) unless given) under `path`;
+    returns the directory."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     path = Path(path)
-    tokenizer = tiny_tokenizer(words)
+    tokenizer = tokenizer or tiny_tokenizer(words)
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,

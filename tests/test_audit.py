@@ -5,7 +5,7 @@ first tokens; the draft is the same model with logits three times sharper, so q 
 is uncertain, which is where the sampling bugs show. Each candidate server runs with one fault of
 specdec.faults injected by the harness (tests/serve_with_fault.py). What each fault does here:
 resample-from-p and softmax-as-q change the distribution (the sampled tests see it); skip-rollback
-leaves the draft's cache out of step, and skip-vocab-check lets in a GPT-2 draft with another,
+leaves the draft's cache out of step, and unmapped-draft-ids lets in a GPT-2 draft with another,
 smaller tokenizer: both make the candidate fail (HTTP 500) on requests the reference serves.
 The reference is the correct server's plain engine (`draft: none` in each request, a specdec extension);
 it requires an API key, so every audit also checks that keys go to their own side.
@@ -34,7 +34,7 @@ WORDS = "the a cat dog sun sea tree house one two three four".split()
 PROMPTS = [{"id": "dog", "category": "chat", "messages": [{"role": "user", "content": "a dog"}]},
            {"id": "cat", "category": "chat", "messages": [{"role": "user", "content": "the cat"}]}]
 KEY = "reference-secret"
-FAULTS = ["resample-from-p", "skip-rollback", "softmax-as-q", "skip-vocab-check"]
+FAULTS = ["resample-from-p", "skip-rollback", "softmax-as-q", "unmapped-draft-ids"]
 
 
 def _foreign_draft(path):
@@ -72,8 +72,8 @@ def servers(models):
     """The correct server (also the reference, with `draft: none` a request) and one server a fault."""
     root, target, draft, foreign = models
     procs = {"correct": start(root, target, "none", "--draft", draft, "--api-key", KEY),
-             "skip-vocab-check": start(root, target, "skip-vocab-check", "--draft", foreign),
-             **{f: start(root, target, f, "--draft", draft) for f in FAULTS if f != "skip-vocab-check"},
+             "unmapped-draft-ids": start(root, target, "unmapped-draft-ids", "--draft", foreign),
+             **{f: start(root, target, f, "--draft", draft) for f in FAULTS if f != "unmapped-draft-ids"},
              "doomed": start(root, target, "none", "--draft", draft)}  # killed by the mid-run test
     try:  # started together, so that they load side by side
         yield {name: proc.wait_ready(timeout=600) for name, proc in procs.items()}

@@ -209,7 +209,7 @@ def test_a_draft_menu_serves_kinds_by_name_with_shared_weights(tiny_target, tiny
     from specdec.models import loader
 
     monkeypatch.setattr(loader, "load_model", lambda name, **kw: LoadedModel(tiny_draft, None, name))
-    monkeypatch.setattr(loader, "check_same_vocabulary", lambda target, draft: None)
+    monkeypatch.setattr(loader, "same_vocabulary", lambda target, draft: True)
     path = tmp_path / "head.safetensors"
     untrained_head(tiny_target).head.save(path)
     menu = DraftMenu(LoadedModel(tiny_target, None, "tiny"), max_slots=4)

@@ -3,7 +3,7 @@
 The target is a tiny model over a dozen words with peaked logits (a few likely tokens, so a few
 hundred samples resolve them); the draft is the same model with logits three times sharper, so q is
 far from p where p is uncertain, which is where the sampling bugs show. skip-rollback and
-skip-vocab-check are caught by the deterministic checks (greedy identity, vocabulary guard).
+unmapped-draft-ids are caught by the deterministic checks (greedy identity, vocabulary guard).
 """
 
 import pytest
@@ -42,7 +42,7 @@ def test_exactness_passes_without_fault(pair, tmp_path):
     assert len(scoreboard_rows(tmp_path)) == 1
 
 
-@pytest.mark.parametrize("fault", ["resample-from-p", "skip-rollback", "softmax-as-q", "skip-vocab-check"])
+@pytest.mark.parametrize("fault", ["resample-from-p", "skip-rollback", "softmax-as-q", "unmapped-draft-ids"])
 def test_exactness_fails_loudly_with_a_fault(pair, tmp_path, fault, capsys):
     target, draft = pair
     code, data = run_bench(["exactness", "--target", target, "--draft", draft, *ARGS,

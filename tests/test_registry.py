@@ -7,7 +7,7 @@ from specdec.drafters.registry import find_kind
 from specdec.models.loader import LoadedModel
 
 KINDS = ["auto", "lookup", "none", "head:PATH[:MIN_CONF]", "lookup+head:PATH[:MIN_CONF]", "self-int8", "self-int4",
-         "self-bf16", "oracle:ALPHA[:DRAFT]", "megakernel:MODEL", "MODEL"]
+         "self-bf16", "oracle:ALPHA[:DRAFT]", "megakernel:MODEL", "intersect:MODEL", "MODEL"]
 
 
 def test_the_table_lists_every_kind_once_with_its_help():
@@ -24,6 +24,7 @@ def test_the_table_lists_every_kind_once_with_its_help():
     ("head:/x/h.safetensors:0.3", "head:PATH[:MIN_CONF]", "/x/h.safetensors:0.3"),
     ("lookup+head:h.safetensors", "lookup+head:PATH[:MIN_CONF]", "h.safetensors"),
     ("megakernel:default", "megakernel:MODEL", "default"),
+    ("intersect:./qwen", "intersect:MODEL", "./qwen"),
     ("HuggingFaceTB/SmolLM2-135M", "MODEL", "HuggingFaceTB/SmolLM2-135M"),
     ("C:/models/draft", "MODEL", "C:/models/draft"),  # an unknown prefix is part of a path
 ])
@@ -37,6 +38,13 @@ def test_named_kinds_build_their_drafters(tiny_target):
     assert isinstance(make_drafter("none", loaded), NoDrafter)
     assert isinstance(make_drafter("lookup", loaded), LookupDrafter)
     assert isinstance(make_drafter("auto", loaded), LookupDrafter)  # no shipped head was made for this target
+
+
+def test_a_model_of_any_tokenizer_may_draft():
+    """The MODEL kind refuses no tokenizer: another's drafts are re-encoded (docs/drafts.md)."""
+    kinds = {kind.syntax: kind.help for kind in DRAFT_KINDS}
+    assert "any model" in kinds["MODEL"] and "re-encoded" in kinds["MODEL"]
+    assert "share" in kinds["intersect:MODEL"]
 
 
 def test_cli_draft_help_comes_from_the_table_and_generate_and_serve_share_the_default():

@@ -13,10 +13,6 @@ class UnsupportedHereError(ModelLoadError):
     """The model loads, but cannot run the way asked on this machine (e.g. the megakernel off a Hopper GPU)."""
 
 
-class VocabularyMismatchError(SpecdecError):
-    """The draft does not share the target's tokenizer."""
-
-
 class InvalidRequestError(SpecdecError, ValueError):
     """A request or flag with values out of range (empty prompt, K < 1, top_p 0, ...)."""
 

@@ -6,7 +6,11 @@ exactness benchmark) can prove its checks would catch the bug. No user-facing op
 - resample-from-p: on rejection, draw the replacement from p instead of the residual max(0, p - q).
 - skip-rollback:   never cut the caches back after a round, so rejected tokens stay in them.
 - softmax-as-q:    draft greedily (argmax) but hand the softmax over as q, as if it had been sampled.
-- skip-vocab-check: accept a draft whose tokenizer differs from the target's.
+- unmapped-draft-ids: take a draft of another tokenizer for one of the target's: its ids go to the
+                   target unmapped, the target's to it (a draft of a smaller vocabulary fails loudly).
+- intersection-unnormalised-q: draft among the shared tokens of two vocabularies but pass the draft's
+                   q restricted to them without renormalising it (the draft still samples the
+                   renormalised one: torch.multinomial normalises).
 - constraint-unmasked-q: under a grammar, mask p but not q: cut a sampled draft where it leaves the
                    grammar and verify the rest against the draft's unmasked q.
 - skip-matcher-rollback: never roll a sequence's grammar matcher back after a round, so it keeps the
@@ -37,8 +41,12 @@ def _softmax_as_q():
     return mock.patch("specdec.drafters.model.sample", lambda probs, generator=None: probs.argmax(-1))
 
 
-def _skip_vocab_check():
-    return mock.patch("specdec.models.loader.check_same_vocabulary", lambda target, draft: None)
+def _unmapped_draft_ids():
+    return mock.patch("specdec.models.loader.same_vocabulary", lambda target, draft: True)
+
+
+def _intersection_unnormalised_q():
+    return mock.patch("specdec.drafters.cross_tokenizer.restrict", lambda q, mask: q * mask)
 
 
 def _unmasked_q(token, token_ok, q, allowed, generator):
@@ -69,7 +77,8 @@ FAULTS = {
     "resample-from-p": _resample_from_p,
     "skip-rollback": _skip_rollback,
     "softmax-as-q": _softmax_as_q,
-    "skip-vocab-check": _skip_vocab_check,
+    "unmapped-draft-ids": _unmapped_draft_ids,
+    "intersection-unnormalised-q": _intersection_unnormalised_q,
     "constraint-unmasked-q": _constraint_unmasked_q,
     "skip-matcher-rollback": _skip_matcher_rollback,
     "tree-no-sibling-residual": _tree_no_sibling_residual,

@@ -1,4 +1,5 @@
-"""A smaller model of the same tokenizer drafts K tokens, one forward step each.
+"""A smaller model of the same tokenizer drafts K tokens, one forward step each (a model of another
+tokenizer drafts through cross_tokenizer.py).
 
 ModelDrafter runs a CausalLM of its own (one sequence). For many sequences, SlotDrafter runs on a
 slot model of the draft (DraftSlots, e.g. a NativeSlots): each sequence leases a slot, rolls it

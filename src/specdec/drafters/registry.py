@@ -37,8 +37,13 @@ class DraftKind:
         return head if sep else None
 
 
-def model_drafter(target, name: str, dtype: str | None = None, megakernel: bool = False) -> Drafter:
-    """A separate draft model; refused unless it shares the target's vocabulary."""
+def model_drafter(target, name: str, dtype: str | None = None, megakernel: bool = False,
+                  intersect: bool = False) -> Drafter:
+    """A separate draft model, of any tokenizer: one of the target's drafts its ids (ModelDrafter);
+    another's drafts text re-encoded into target ids (TextDrafter), or with intersect, tokens both
+    vocabularies share (IntersectionDrafter). docs/drafts.md."""
+    from specdec.drafters import cross_tokenizer
+    from specdec.drafters.shared_tokens import SharedTokens
     from specdec.models import loader
 
     try:
@@ -48,8 +53,17 @@ def model_drafter(target, name: str, dtype: str | None = None, megakernel: bool 
     except ModelLoadError as exc:
         known = ", ".join(kind.syntax for kind in DRAFT_KINDS[:-1])
         raise ModelLoadError(f"unknown draft {name!r}: it is none of {known}, and {exc}") from None
-    loader.check_same_vocabulary(target, draft)  # through the module, so that tests can patch it
-    return ModelDrafter(draft.model, target.model.vocab_size, name=draft.name)
+    if loader.same_vocabulary(target, draft):  # through the module, so that a fault can patch it
+        return ModelDrafter(draft.model, target.model.vocab_size, name=draft.name)
+    tokenizers = (draft.model, draft.tokenizer, target.tokenizer)
+    if not intersect:
+        return cross_tokenizer.TextDrafter(*tokenizers, name=draft.name)
+    shared = SharedTokens.between(draft.tokenizer, target.tokenizer, draft.model.vocab_size,
+                                  target.model.vocab_size, target.model.device)
+    if shared.size == 0:
+        raise DraftSpecError(f"the draft {name!r} shares no token with the target's vocabulary: "
+                             f"draft with {name} (re-encoded text) instead of intersect:{name}")
+    return cross_tokenizer.IntersectionDrafter(*tokenizers, name=f"intersect:{draft.name}", shared=shared)
 
 
 def tree_drafter(target, arg: str, dtype: str | None = None) -> Drafter:
@@ -97,8 +111,10 @@ DRAFT_KINDS: tuple[DraftKind, ...] = (
               "probability Pi (best_tree's shape), at DRAFT's cost"),
     DraftKind("megakernel:MODEL", lambda target, arg, dtype=None: model_drafter(target, arg, dtype, megakernel=True),
               "MODEL's single-token steps as one CUDA kernel (Hopper GPUs, bf16)"),
+    DraftKind("intersect:MODEL", lambda target, arg, dtype=None: model_drafter(target, arg, dtype, intersect=True),
+              "a model of another tokenizer drafting only the tokens both vocabularies share (a real q)"),
     DraftKind("MODEL", lambda target, arg, dtype=None: model_drafter(target, arg, dtype),
-              "a model name or path with the target's tokenizer"),
+              "any model name or path; another tokenizer's drafts are re-encoded into the target's"),
 )
 _NAMED = {kind.syntax: kind for kind in DRAFT_KINDS if kind.prefix is None and kind.syntax != "MODEL"}
 _PREFIXED = {kind.prefix: kind for kind in DRAFT_KINDS if kind.prefix is not None}

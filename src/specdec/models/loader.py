@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from specdec.errors import ModelLoadError, UnsupportedHereError, VocabularyMismatchError
+from specdec.errors import ModelLoadError, UnsupportedHereError
 from specdec.models import default as default_model
 from specdec.models import random_weights
 from specdec.models.base import CausalLM
@@ -141,11 +141,7 @@ def wrap_backend(hf, name: str, backend: str = "auto", megakernel: bool = False)
         raise UnsupportedHereError(f"draft {name!r}: {exc}; drop megakernel: from the draft") from None
 
 
-def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
-    """Refuse a draft whose tokenizer maps text to different ids than the target's."""
-    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
-        raise VocabularyMismatchError(
-            f"the draft {draft.name!r} does not share the target {target.name!r}'s vocabulary "
-            f"({len(draft.tokenizer)} vs {len(target.tokenizer)} tokens, or different ids); "
-            "pick a draft from the same model family, or use --draft lookup"
-        )
+def same_vocabulary(target: LoadedModel, draft: LoadedModel) -> bool:
+    """Whether the draft's tokenizer maps text to the target's ids (else its ids must be mapped:
+    specdec.drafters.cross_tokenizer)."""
+    return target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()

@@ -70,7 +70,7 @@ def load_random(name: str, device: torch.device, dtype: torch.dtype, backend: st
 @functools.lru_cache(maxsize=4)
 def standin_tokenizer(vocab_size: int):
     """The byte-level stand-in tokenizer of vocab_size ids (see the module docstring). Cached: a
-    target and its draft of one vocabulary share one (and check_same_vocabulary agrees)."""
+    target and its draft of one vocabulary share one (and same_vocabulary agrees)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
