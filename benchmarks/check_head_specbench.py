@@ -15,14 +15,14 @@ from pathlib import Path
 
 from train_head_gpu import check_on_specbench  # benchmarks/train_head_gpu.py, beside this script
 
-from specdec.drafters.head import DraftHead
+from specdec.drafters.head import load_head
 from specdec.models.loader import load_model
 from specdec.train.trainer import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("heads", nargs="+", help="draft head files (.safetensors)")
+    p.add_argument("heads", nargs="+", help="draft heads (.safetensors files, EAGLE-3 directories)")
     p.add_argument("--target", default="default")
     p.add_argument("--device", default="cpu")
     p.add_argument("--per-category", type=int, default=10)
@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="JSON file for the results")
     args = p.parse_args(argv)
     heads = {Path(h).stem: Path(h) for h in args.heads}
-    layers = sorted({i for path in heads.values() for i in DraftHead.load(path).config.feature_layers})
     target = load_model(args.target, device=args.device, dtype="fp32", backend="hf")
+    layers = sorted({i for path in heads.values() for i in load_head(path, target.model).config.feature_layers})
     result = check_on_specbench(target, heads, args.per_category, args.max_new_tokens,
                                 TrainConfig(unroll=args.unroll), tuple(layers))
     for group, by_head in result.items():

@@ -136,7 +136,7 @@ def test_specdec_saves_the_layout_and_loads_the_same_head(target, tmp_path):
     assert again.vocab_ids.tolist() == head.vocab_ids.tolist()
 
 
-@pytest.mark.parametrize("spec", ["eagle3:{}", "head:{}", "lookup+head:{}"])
+@pytest.mark.parametrize("spec", ["eagle3:{}", "head:{}", "lookup+head:{}", "tree:3x2:eagle3:{}"])
 def test_greedy_identity_with_an_eagle3_head(target, tmp_path, spec):
     documented_checkpoint(tmp_path / "eagle3")
     drafter = make_drafter(spec.format(tmp_path / "eagle3"), LoadedModel(target, None, "tiny"))
@@ -195,3 +195,17 @@ def test_bad_checkpoints_are_refused_with_what_is_wrong(target, tmp_path):
     save_file(kept, str(tmp_path / "torn" / "model.safetensors"))
     with pytest.raises(ModelLoadError, match="lacks norm.weight"):
         make_drafter(f"eagle3:{tmp_path / 'torn'}", tiny)
+
+
+def test_sampled_output_follows_the_target_with_an_eagle3_head():
+    """At temperature 1 the head's q over its draft vocabulary goes to the rule: the output's joint
+    distribution over two tokens is the target's (chi-square)."""
+    from specdec.drafters.head import HeadDrafter
+    from tests.test_exactness import HOT, exact_joint, goodness_of_fit, sampled_joint
+
+    tiny = tiny_llama(21, layers=2, hidden=16, vocab=5, scale=30.0)
+    torch.manual_seed(3)
+    head = Eagle3Head(config_for_target(tiny, 4, (0,), arch="eagle3"), torch.tensor([0, 1, 3, 4]))
+    counts = sampled_joint(Engine(tiny, HeadDrafter(head.initialise_from(target_parts(tiny)), target_parts(tiny))),
+                           HOT, k=2, samples=1000, n_tokens=2)
+    assert goodness_of_fit(counts, exact_joint(tiny, HOT, n_tokens=2)) > 1e-3
