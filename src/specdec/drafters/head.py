@@ -14,6 +14,9 @@ true features; pairs built from its own guesses are cut at the next round (rollb
 Greedy drafts are argmax over the sub-vocabulary (q one-hot: None). Sampled drafts draw from the
 warped distribution over the sub-vocabulary (zero probability elsewhere), and that distribution,
 spread over the full vocabulary, is the q handed to the rejection rule (rule 1 of the design), so output stays exact.
+
+HeadDrafter runs either head through one contract (layer_inputs, carry, readout, lm_rows, embedding,
+vocab_ids, config): DraftHead here, or an EAGLE-3 head in the ecosystem's checkpoint layout (eagle3.py).
 """
 
 from __future__ import annotations
