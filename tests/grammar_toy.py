@@ -78,3 +78,15 @@ def exact_outputs(next_logits, matcher, prompt: list[int], max_new: int, params:
         exact_outputs(next_logits, matcher, prompt, max_new, params, prefix + (token,), prob * float(p[token]), out)
         matcher.rollback(1)
     return out
+
+
+def only_token(bits_row: torch.Tensor) -> int | None:
+    """The one token a host bitmask row (int32 [W]) allows, or None when it allows none or several: the
+    row-by-row reference that masking.single_rows must agree with."""
+    nonzero = torch.nonzero(bits_row).flatten()
+    if nonzero.numel() != 1:
+        return None
+    word = int(bits_row[nonzero[0]]) & 0xFFFFFFFF
+    if word & (word - 1):
+        return None
+    return int(nonzero[0]) * 32 + word.bit_length() - 1

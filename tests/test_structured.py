@@ -19,7 +19,7 @@ from specdec.engine import Engine, GenerationConfig
 from specdec.constraints.sequence import ConstraintBroken
 from specdec.errors import InvalidRequestError
 from specdec.sampling import SamplingParams
-from tests.grammar_toy import EOS, VOCAB, exact_outputs, plain_constrained_greedy, toy_tokenizer
+from tests.grammar_toy import EOS, VOCAB, exact_outputs, only_token, plain_constrained_greedy, toy_tokenizer
 from tests.markov import MarkovLM
 from tests.test_exactness import goodness_of_fit
 
@@ -162,14 +162,14 @@ def test_the_device_unpacking_equals_the_host_one():
 
 def test_only_token_finds_a_single_allowed_token():
     bits = torch.zeros(3, dtype=torch.int32)
-    assert masking.only_token(bits) is None
+    assert only_token(bits) is None
     bits[2] = 1 << 5
-    assert masking.only_token(bits) == 69
+    assert only_token(bits) == 69
     bits[0] = 1
-    assert masking.only_token(bits) is None
+    assert only_token(bits) is None
     bits[:] = 0
     bits[1] = -2**31  # bit 31
-    assert masking.only_token(bits) == 63
+    assert only_token(bits) == 63
 
 
 def test_an_empty_mask_row_allows_everything():

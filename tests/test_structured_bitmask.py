@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from specdec.constraints import masking
+from tests.grammar_toy import only_token
 
 
 def random_bits(rows: int, words: int, seed: int) -> torch.Tensor:
@@ -57,5 +58,5 @@ def test_single_rows_agrees_with_only_token():
     bits[4, 0], bits[4, 1] = 1, 1  # two words
     bits[5] = 0
     bits[5, 1] = 0b101  # two bits of one word
-    assert masking.single_rows(bits) == [masking.only_token(row) is not None for row in bits]
+    assert masking.single_rows(bits) == [only_token(row) is not None for row in bits]
     assert masking.single_rows(bits) == [False, False, True, True, False, False]

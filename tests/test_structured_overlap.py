@@ -12,7 +12,7 @@ from specdec.constraints.grammar import GrammarCompiler
 from specdec.constraints.sequence import SequenceConstraint
 from specdec.drafters import Draft
 from specdec.engine import GenerationConfig
-from tests.grammar_toy import VOCAB, toy_tokenizer
+from tests.grammar_toy import VOCAB, only_token, toy_tokenizer
 from tests.test_structured import SPECS, PROMPTS, make_engine
 
 DOC = [15, 3, 16, 10, 5, 13, 10, 12, 10, 4, 16, 6, 9]  # {"a":"cab","b":0} in the toy's tokens
@@ -59,7 +59,7 @@ def test_the_batch_masks_equal_the_masks_one_position_at_a_time(grammars):
         assert torch.equal(bits, one_by_one(reference, draft, words))
         assert reference.consume_tokens(draft)  # the constraint's matcher is after the draft again, as the reference
         assert torch.equal(one_by_one(constraint.matcher, [], words), one_by_one(reference, [], words))
-        assert constraint.single_rows == [masking.only_token(row) is not None for row in bits]
+        assert constraint.single_rows == [only_token(row) is not None for row in bits]
     assert constraints[2].stopped and sum(constraints[0].single_rows) >= 1  # '":' follows the key 'a'
 
 

@@ -35,7 +35,7 @@ def pass_ms(slots, prompt, rows: int, tree: tuple[int, ...] | None, reps: int) -
     prompt in slot 0 (rolled back each time)."""
     import torch
 
-    from specdec.bench.gpu import cuda_median_ms
+    from specdec.bench.gpu_timing import cuda_median_ms
 
     slots.release(0)
     slots.forward_ragged([0], [prompt], logits=[False])
@@ -155,7 +155,7 @@ def section_tree_oracle(target, slots, draft, prompts, c: float, one_row_ms: flo
 def run_trees(args) -> int:
     import torch
 
-    from specdec.bench.gpu import build_models, random_prompts, step_ms
+    from specdec.bench.gpu_timing import build_models, random_prompts, step_ms
     from specdec.models.native_llama import NativeLlama
     from specdec.models.native_slots import NativeSlots, SlotOptions
 

@@ -49,17 +49,6 @@ def token_allowed(bits_row: torch.Tensor, token: int) -> bool:
     return word < bits_row.shape[0] and bool((int(bits_row[word]) >> (token & 31)) & 1)
 
 
-def only_token(bits_row: torch.Tensor) -> int | None:
-    """The one token a host bitmask row (int32 [W]) allows, or None when it allows none or several."""
-    nonzero = torch.nonzero(bits_row).flatten()
-    if nonzero.numel() != 1:
-        return None
-    word = int(bits_row[nonzero[0]]) & 0xFFFFFFFF
-    if word & (word - 1):
-        return None
-    return int(nonzero[0]) * 32 + word.bit_length() - 1
-
-
 def mask_logits(logits: torch.Tensor, offsets: Sequence[int], masks: Sequence[torch.Tensor | None]) -> torch.Tensor:
     """The target's logits with each constrained sequence's disallowed tokens at -inf (rule 8), before
     any warp (temperature, top-k, top-p, min-p then act on the allowed tokens: p masked and renormalised).
@@ -140,8 +129,7 @@ def _shifts(device: torch.device) -> torch.Tensor:
 
 
 def single_rows(bits: torch.Tensor) -> list[bool]:
-    """By row of a host bitmask (int32 [n, W]): whether it allows exactly one token (only_token's
-    question for every row, in a few tensor ops)."""
+    """By row of a host bitmask (int32 [n, W]): whether it allows exactly one token, in a few tensor ops."""
     one_word = (bits != 0).sum(dim=1) == 1  # [n]
     word = bits.to(torch.int64).sum(dim=1) & 0xFFFFFFFF  # [n]: the one nonzero word where one_word
     return (one_word & ((word & (word - 1)) == 0)).tolist()
