@@ -15,7 +15,7 @@ from pathlib import Path
 
 from train_head_gpu import check_on_specbench  # benchmarks/train_head_gpu.py, beside this script
 
-from specdec.drafters.head import load_head
+from specdec.drafters.head_loading import load_head
 from specdec.models.loader import load_model
 from specdec.train.trainer import TrainConfig
 

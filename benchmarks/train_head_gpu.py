@@ -226,7 +226,7 @@ def check_on_specbench(target, heads: dict, per_category: int, max_new_tokens: i
     The target answers `answer_batch` questions at a time, sorted by length: one left-padded batch
     of every question pads the short ones to the longest RAG prompt, which a CPU cannot afford."""
     from specdec.bench.specbench import QUESTIONS, load_questions
-    from specdec.drafters.head import load_head
+    from specdec.drafters.head_loading import load_head
     from specdec.train.data import _answer_batch
     from specdec.train.trainer import evaluate, sub_vocab_index, usable
 

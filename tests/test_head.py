@@ -288,7 +288,7 @@ def test_head_for_layers_the_target_lacks_is_refused(tiny_target, tmp_path):
     """A head that reads layer 5 of a 2-layer target is refused when it is loaded, naming the head."""
     from dataclasses import replace
 
-    from specdec.drafters.head import load_head_drafter
+    from specdec.drafters.head_loading import load_head_drafter
 
     config = replace(config_for_target(tiny_target, 48), feature_layers=(5,))
     DraftHead(config).save(tmp_path / "deep.safetensors")

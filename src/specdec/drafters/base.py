@@ -159,3 +159,11 @@ def propose_all(drafters: Sequence[Drafter], contexts: Sequence[list[int]], ks: 
         for i, draft in zip(members, drafts):
             out[i] = draft
     return out
+
+
+def fit_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Pad or cut a draft's logits [..., V_draft] to the target's width vocab_size."""
+    extra = vocab_size - logits.shape[-1]
+    if extra > 0:
+        return torch.cat([logits, logits.new_full((*logits.shape[:-1], extra), float("-inf"))], dim=-1)
+    return logits[..., :vocab_size]

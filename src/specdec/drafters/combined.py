@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from specdec.drafters.base import Draft, Drafter, empty_draft, propose_all
-from specdec.drafters.head import HeadDrafter, load_head_drafter, read_head_card, target_identity
+from specdec.drafters.head import HeadDrafter, read_head_card, target_identity
+from specdec.drafters.head_loading import load_head_drafter
 from specdec.drafters.eagle3 import is_eagle3_dir, resolve_head_path
 from specdec.drafters.head_batch import head_trees
 from specdec.drafters.lookup import LookupDrafter

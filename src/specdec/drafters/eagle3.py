@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdec.drafters.head import HeadConfig, HeadLayer, TargetParts, _write
+from specdec.drafters.head import HeadConfig, HeadLayer, TargetParts, write_weights
 from specdec.drafters.head_policy import HeadCard, HeadPolicy, card_metadata
 from specdec.errors import ModelLoadError
 from specdec.models.llama_net import rms_norm
@@ -126,7 +126,7 @@ class Eagle3Head(nn.Module):
         tensors["d2t"] = (ids - torch.arange(len(ids))).contiguous()
         tensors["t2d"] = torch.zeros(self.config.vocab_size, dtype=torch.bool).index_fill_(0, ids, True)
         info = {"format": "pt", "meta": json.dumps(meta or {}), **card_metadata(card or HeadCard(None, HeadPolicy()))}
-        _write(out / WEIGHTS, tensors, info)
+        write_weights(out / WEIGHTS, tensors, info)
 
 
 def checkpoint_config(c: HeadConfig, max_positions: int = 8192) -> dict:

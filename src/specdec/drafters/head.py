@@ -140,14 +140,6 @@ def parse_feature_layers(spec: str, n_layers: int) -> tuple[int, ...]:
                                   f"0..{n_layers - 2}, not {spec!r} ({exc})") from None
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, head_dim] for positions [T] (Llama's half-split rotary layout)."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
-    angles = positions.float()[:, None] * inv[None]  # [T, hd/2]
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos(), angles.sin()
-
-
 class HeadLayer(nn.Module):
     """One Llama decoder layer, split so that training can choose which keys each query sees.
     in_width: the width of the attention's input (EAGLE-3 reads the embedding beside the feature: 2D)."""
@@ -261,7 +253,7 @@ class DraftHead(nn.Module):
                    for k, v in self.state_dict().items()}
         info = {"config": json.dumps(asdict(self.config)), "format": "specdec-draft-head-1",
                 "meta": json.dumps(meta or {}), **card_metadata(card or HeadCard(None, HeadPolicy()))}
-        _write(path, tensors, info)
+        write_weights(path, tensors, info)
 
     @classmethod
     def load(cls, path: str | Path, device: torch.device | str = "cpu") -> "DraftHead":
@@ -285,7 +277,7 @@ class DraftHead(nn.Module):
         return head.to(device).eval()
 
 
-def _write(path: str | Path, tensors: dict[str, torch.Tensor], info: dict[str, str]) -> None:
+def write_weights(path: str | Path, tensors: dict[str, torch.Tensor], info: dict[str, str]) -> None:
     from safetensors.torch import save_file
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -324,13 +316,13 @@ def write_head_card(path: str | Path, card: HeadCard) -> None:
     with safe_open(str(file), framework="pt") as f:
         info = dict(f.metadata() or {})
         tensors = {k: f.get_tensor(k) for k in f.keys()}
-    _write(file, tensors, {**info, **card_metadata(card)})
+    write_weights(file, tensors, {**info, **card_metadata(card)})
 
 
 def target_identity(model) -> TargetIdentity:
     """The identity of a target backend (CausalLM) that a head's card records; ModelLoadError when
     the target is not Llama-like (no head can read it)."""
-    return TargetIdentity.of(target_parts(model).embed, _num_layers(model) or 0)
+    return TargetIdentity.of(target_parts(model).embed, num_layers(model) or 0)
 
 
 class HeadDrafter(Drafter):
@@ -417,37 +409,7 @@ class HeadDrafter(Drafter):
         return draft_heads(drafters, contexts, ks, params, generators)
 
 
-def load_head_drafter(path: str, target_model, name: str | None = None,
-                      min_confidence: float | None = None) -> HeadDrafter:
-    """A HeadDrafter for `path` on a target backend (CausalLM), with the policy its file records
-    (min_confidence None: the policy's)."""
-    from specdec.drafters.eagle3 import resolve_head_path
-
-    where = resolve_head_path(path)
-    head = load_head(where, target_model)
-    policy = read_head_card(where).policy
-    layers, n_layers = head.config.feature_layers, _num_layers(target_model)
-    if layers and n_layers is not None:
-        try:
-            check_feature_layers(layers, n_layers)
-        except ValueError:
-            raise ModelLoadError(f"the draft head {path} reads target layers {list(layers)}, but the target has "
-                                 f"{n_layers} layers: train a head for this target") from None
-    return HeadDrafter(head, target_parts(target_model), max_length=min(target_model.max_length, 1 << 15),
-                       name=name or f"head:{path}", policy=policy,
-                       min_confidence=policy.min_confidence if min_confidence is None else min_confidence)
-
-
-def load_head(path: str | Path, target_model) -> nn.Module:
-    """The head at `path` on the target's device: an EAGLE-3 directory (eagle3.py) or a specdec head file."""
-    from specdec.drafters import eagle3
-
-    if eagle3.is_eagle3_dir(path):
-        return eagle3.load_eagle3(path, device=target_model.device, target_layers=_num_layers(target_model))
-    return DraftHead.load(path, device=target_model.device)
-
-
-def _num_layers(target_model) -> int | None:
+def num_layers(target_model) -> int | None:
     """The target's decoder-layer count (native or Hugging Face backend), None when unknown."""
     net = getattr(target_model, "net", None)
     if net is not None and hasattr(net, "layers"):

@@ -17,7 +17,7 @@ from itertools import accumulate
 import torch
 
 from specdec.drafters.base import Draft, empty_draft
-from specdec.drafters.head import rope_tables
+from specdec.models.llama_net import rope_tables
 from specdec.drafters.head_tree import grow_head_trees
 from specdec.drafters.tree_shape import GrownTree
 from specdec.errors import InvalidRequestError

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.head import rope_tables
+from specdec.models.llama_net import rope_tables
 from specdec.drafters.tree_shape import GrownTree, TreeGrowth, ranking_distribution
 from specdec.errors import InvalidRequestError
 from specdec.models.cpu_matrix import linear

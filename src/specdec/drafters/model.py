@@ -13,7 +13,7 @@ import torch
 from typing import Callable, Sequence
 
 from specdec.transfers import token_tensor
-from specdec.drafters.base import Draft, Drafter, empty_draft
+from specdec.drafters.base import Draft, Drafter, empty_draft, fit_logits
 from specdec.drafters.tree_shape import GrownTree, TreeShape
 from specdec.errors import DraftSpecError, InvalidRequestError
 from specdec.models.base import CausalLM
@@ -100,14 +100,6 @@ class ModelDrafter(Drafter):
 def tree_draft(tree: GrownTree, device: torch.device) -> Draft:
     """A tree whose nodes were chosen by rank (q None: one-hot per node)."""
     return Draft(token_tensor(list(tree.tokens), device), None, tree.parents)
-
-
-def fit_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Pad or cut a draft's logits [..., V_draft] to the target's width vocab_size."""
-    extra = vocab_size - logits.shape[-1]
-    if extra > 0:
-        return torch.cat([logits, logits.new_full((*logits.shape[:-1], extra), float("-inf"))], dim=-1)
-    return logits[..., :vocab_size]
 
 
 class DraftSlots:

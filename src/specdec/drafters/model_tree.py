@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.model import fit_logits
+from specdec.drafters.base import fit_logits
 from specdec.drafters.tree_shape import GrownTree, TreeGrowth, TreeShape, ranking_distribution
 from specdec.sampling import SamplingParams
 from specdec.transfers import token_tensor

@@ -44,6 +44,14 @@ ATTN_SPAN = 128  # eager steps attend over whole blocks of this many cache slots
 EXACT_PASS_ROWS = 64  # row-count invariant passes up to this many tokens attend token by token (verify passes)
 
 
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, head_dim] for positions [T] (Llama's half-split rotary layout)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    angles = positions.float()[:, None] * inv[None]  # [T, hd/2]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE in the half-split layout of HF checkpoints: x [..., hd]; cos, sin [..., hd] broadcast
     against x (e.g. x [n, heads, hd] with cos [n, 1, hd]). The reference every copy follows."""

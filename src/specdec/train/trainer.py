@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec.drafters.eagle3 import Eagle3Head
-from specdec.drafters.head import DraftHead, HeadConfig, TargetParts, rope_tables
+from specdec.drafters.head import DraftHead, HeadConfig, TargetParts
+from specdec.models.llama_net import rope_tables
 from specdec.errors import InvalidRequestError
 
 
