@@ -177,6 +177,8 @@ def test_a_hub_snapshot_loads_by_its_id(target, tmp_path, monkeypatch):
 
 def test_bad_checkpoints_are_refused_with_what_is_wrong(target, tmp_path):
     tiny = LoadedModel(target, None, "tiny")
+    with pytest.raises(DraftSpecError, match="does not exist"):
+        make_drafter(f"eagle3:{tmp_path / 'nowhere'}", tiny)
     (tmp_path / "empty").mkdir()
     with pytest.raises(DraftSpecError, match="not an EAGLE-3 checkpoint directory"):
         make_drafter(f"eagle3:{tmp_path / 'empty'}", tiny)
