@@ -176,14 +176,14 @@ def head_drafter(target, arg: str, name: str | None = None) -> HeadDrafter:
 
 def eagle3_drafter(target, arg: str) -> HeadDrafter:
     """`eagle3:PATH[:MIN_CONF]`: an EAGLE-3 checkpoint directory (or hub id) alone; `head:PATH` takes one too."""
-    path, _ = split_confidence(arg)
-    where = resolve_head_path(path)
+    path, min_confidence = split_confidence(arg)
+    where = resolve_head_path(path)  # once: a hub id's snapshot is looked up here, not again below
     if not where.exists():
         raise DraftSpecError(f"`eagle3:{arg}`: {path} does not exist (a directory, or a hub id in the hub cache)")
     if not is_eagle3_dir(where):
         raise DraftSpecError(f"`eagle3:{arg}`: {path} is not an EAGLE-3 checkpoint directory (a config.json naming "
                              "LlamaForCausalLMEagle3 beside its weights); for a specdec head file use head:PATH")
-    return head_drafter(target, arg, name=f"eagle3:{arg}")
+    return load_head_drafter(str(where), target.model, name=f"eagle3:{arg}", min_confidence=min_confidence)
 
 
 def lookup_head_drafter(target, arg: str, name: str | None = None) -> LookupThenHead:

@@ -21,12 +21,11 @@ import torch
 
 from specdec.drafters.base import Draft, Drafter, empty_draft
 from specdec.drafters.model import CATCH_UP_TOKENS, DraftLease, DraftSlots
-from specdec.drafters.shared_tokens import SharedTokens, restrict, special_ids
+from specdec.drafters.shared_tokens import REPLACEMENT, SharedTokens, restrict, special_ids
 from specdec.models.base import CausalLM
 from specdec.sampling import SamplingParams, sample, warp_logits
 from specdec.transfers import token_tensor
 
-REPLACEMENT = "\ufffd"  # what decoding gives for the bytes of an incomplete UTF-8 character
 WINDOW = 16  # target tokens decoded before a boundary: enough for a tokenizer's merges to settle
 
 

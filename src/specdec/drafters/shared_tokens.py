@@ -14,7 +14,7 @@ import torch
 
 from specdec.transfers import token_tensor
 
-REPLACEMENT = "\ufffd"
+REPLACEMENT = "\ufffd"  # what decoding gives for the bytes of an incomplete UTF-8 character
 
 
 def special_ids(tokenizer) -> set[int]:
@@ -80,4 +80,4 @@ class SharedTokens:
 
     def target_ids(self, draft_ids: list[int], device: torch.device) -> torch.Tensor:
         """[n] long: the target's ids of shared draft ids."""
-        return token_tensor([int(self.target_of[i]) for i in draft_ids], device)
+        return self.target_of[token_tensor(draft_ids, self.target_of.device)].to(device)  # one gather, no host reads
