@@ -13,12 +13,18 @@ of what the server delivers sees all of them at once. So auto is a small bandit:
   toward chains, then to plain steps.
 - Each bucket runs windows of WINDOW counted steps at one arm. A window's score is its tokens over
   its seconds (whole step calls, emitting included), so it sees every cost the server pays.
-- The arm with the best median score over its latest MEMORY windows leads; until every arm has a
-  score, arms are tried from the largest down. A trailing arm that scores a fraction `loss` below the
-  leader runs a window again once loss / EXPLORE_COST windows have passed since its latest score, so
-  that re-measuring it costs at most about EXPLORE_COST of the throughput, whatever its loss: a near
-  tie is re-measured often and cheaply, a clear loser rarely. A change in acceptance or in the load's
-  mix moves the leader's own median first, and with it how soon the others are tried again.
+- The arm with the best median score over its latest MEMORY windows leads. A new bucket starts at one
+  end and walks arm by arm toward the other while the newest arm leads: at load 1 from the largest cap
+  down (a verify row costs least there, so drafting most likely pays), at higher loads from plain steps
+  up (every row is dearer, and a short burst of requests must not be served below plain while the dear
+  arms are tried). The walk stops at the first arm that does not lead: the throughput of the caps is
+  taken to be unimodal, so the arms beyond it are not run until it leads again.
+- A trailing arm that scores a fraction `loss` below the leader runs a window again once
+  loss / EXPLORE_COST windows have passed since its latest score, so that re-measuring it costs at
+  most about EXPLORE_COST of the throughput, whatever its loss: a near tie is re-measured often and
+  cheaply, a clear loser rarely. A change in acceptance or in the load's mix moves the leader's own
+  median first, and with it how soon the others are tried again; a re-measured walk's end that now
+  leads continues the walk.
 
 Steps that count: planned under the arm in force (a plain step queued ahead of the step that
 closed a window was not), no prefill rows in the pass, at least one sequence that may draft
@@ -51,7 +57,8 @@ def bucket_of(load: int) -> int:
 class _Bucket:
     """One load bucket's bandit: the arm in force, the window it is filling, each arm's scores."""
 
-    arms: tuple[int, ...]
+    arms: tuple[int, ...]  # ascending
+    descending: bool  # the walk's direction: from the largest cap down (load 1) or from plain up
     arm: int
     scores: dict[int, deque] = field(default_factory=dict)  # arm -> latest window scores (tokens / s)
     last_scored: dict[int, int] = field(default_factory=dict)  # arm -> the window count at its latest score
@@ -80,20 +87,27 @@ class _Bucket:
         return True
 
     def next_arm(self) -> int:
-        untried = [a for a in self.arms if a not in self.scores]
-        if untried:
-            return max(untried)
-        leader = self.leader
+        leader, walk = self.leader, self.walk_order
+        measured = [a for a in walk if a in self.scores]
+        end = measured[-1]  # the walk's furthest arm: the walk goes on while it leads
+        if end == leader and end != walk[-1]:
+            return walk[walk.index(end) + 1]
         best = self.median(leader)
-        due = [a for a in self.arms if a != leader
+        due = [a for a in measured if a != leader
                and self.windows - self.last_scored[a] >= (1 - self.median(a) / best) / EXPLORE_COST]
         return min(due, key=lambda a: self.last_scored[a]) if due else leader
 
     @property
+    def walk_order(self) -> tuple[int, ...]:
+        """The order a new bucket tries its arms in: the first is the arm it starts at."""
+        return self.arms[::-1] if self.descending else self.arms
+
+    @property
     def leader(self) -> int:
-        """The arm with the best median score (the largest cap until any has one)."""
-        scored = [a for a in self.arms if a in self.scores]
-        return max(scored, key=self.median) if scored else max(self.arms)
+        """The arm with the best median score (the walk's first arm until any has one); a tie goes to
+        the arm the walk reached later, so that a flat stretch does not stop the walk."""
+        scored = [a for a in self.walk_order[::-1] if a in self.scores]
+        return max(scored, key=self.median) if scored else self.walk_order[0]
 
 
 def arms_for(k: int) -> tuple[int, ...]:
@@ -116,7 +130,7 @@ class AutoController:
     def arm_at(self, load: int) -> int:
         """The draft cap in force at this load."""
         bucket = self._buckets.get(bucket_of(load))
-        return max(self.arms) if bucket is None else bucket.arm
+        return _new_bucket(self.arms, load).arm if bucket is None else bucket.arm
 
     def plan(self, sequences: Sequence[SequenceView], load: int) -> Plan:
         arm = self.arm_at(load)
@@ -130,7 +144,7 @@ class AutoController:
         key = bucket_of(record.load)
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = _Bucket(self.arms, max(self.arms))
+            bucket = self._buckets[key] = _new_bucket(self.arms, record.load)
         if trace.plan.key != bucket.arm:
             return  # planned before the arm changed
         if bucket.add_step(record.emitted, record.seconds):
@@ -143,6 +157,13 @@ class AutoController:
             {"load": key, "arm": b.arm, "leader": b.leader, "windows": b.windows,
              "scores": {str(a): b.median(a) for a in self.arms}}
             for key, b in sorted(self._buckets.items())]}
+
+
+def _new_bucket(arms: tuple[int, ...], load: int) -> _Bucket:
+    """A bucket's bandit before its first window: at load 1 at the largest cap, walking down; above,
+    at plain steps, walking up (module docstring)."""
+    descending = bucket_of(load) == 1
+    return _Bucket(arms, descending, arms[-1] if descending else arms[0])
 
 
 def _may_draft(seq: SequenceView) -> bool:
