@@ -14,7 +14,8 @@ from specdec.drafters.head_batch import _catch_up, head_trees, run_pairs
 from specdec.drafters.tree_shape import ranking_distribution
 from specdec.drafters.lookup import continuation_trie, lookup_continuations, lookup_draft
 from specdec.drafters.model import DraftSlots, ModelDrafter, SlotDrafter
-from specdec.drafters.tree_shape import GrownTree, TreeGrowth, TreeShape, merge_trees, parse_tree_shape
+from specdec.drafters.tree_shape import (GrownTree, SampledTreeGrowth, TreeGrowth, TreeShape, append_tree, merge_trees,
+                                         parse_tree_shape)
 from specdec.errors import DraftSpecError
 from specdec.models.cpu_matrix import linear
 from specdec.models.loader import LoadedModel
@@ -88,6 +89,32 @@ def test_merge_puts_the_first_tree_first_and_shares_common_paths():
     assert merge_trees(first, second, budget=3).tokens == (5, 7, 6)  # 8 did not fit
 
 
+def test_sampled_growth_keeps_every_draw_and_spends_the_budget_on_expansions():
+    growth = SampledTreeGrowth(TreeShape(depth=3, branch=2, width=2), budget=7)
+    assert growth.counts == [2]
+    growth.grow([[(5, 0.5), (5, 0.5)]])  # a repeated draw is kept, not expanded
+    assert growth.tokens == [5, 5] and growth.frontier == [0] and growth.counts == [2]
+    growth.grow([[(1, 0.6), (2, 0.1)]])  # scores 0.3, 0.05; room for one more pair: the best
+    assert growth.frontier == [2]
+    with pytest.raises(ValueError, match="drawn"):
+        growth.grow([[(3, 0.5)]])  # every child asked for must be offered
+    growth.grow([[(3, 0.9), (4, 0.1)]])  # depth 3 is the last
+    tree = growth.result()
+    assert tree.tokens == (5, 5, 1, 2, 3, 4) and tree.parents == (-1, -1, 0, 0, 2, 2)
+    assert SampledTreeGrowth(TreeShape(3, 4, 2), budget=3).counts == [3]  # the root's draws fit the budget
+
+
+def test_a_sampled_tree_is_appended_whole_beside_lookups_one_hot_branches():
+    looked_up = GrownTree((7, 8), (-1, 0), (1.0, 1.0))
+    q = torch.softmax(torch.randn(3, 10), -1)
+    drawn = GrownTree((7, 2, 3), (-1, -1, 0), (0.4, 0.3, 0.1), q)
+    both = append_tree(looked_up, drawn)
+    assert both.tokens == (7, 8, 7, 2, 3) and both.parents == (-1, 0, -1, -1, 2)
+    assert torch.equal(both.q[:2], torch.nn.functional.one_hot(torch.tensor([7, 8]), 10).float())
+    assert torch.equal(both.q[2:], q)
+    assert append_tree(GrownTree((), (), ()), drawn) is drawn and append_tree(looked_up, GrownTree((), (), ())) is looked_up
+
+
 def test_a_shape_is_written_depth_x_branch_x_width():
     assert parse_tree_shape("5x3") == TreeShape(5, 3, 3)
     assert parse_tree_shape("5x3x8") == TreeShape(5, 3, 8)
@@ -147,33 +174,75 @@ def chain_scores(head, context: list[int], path: list[int], params: SamplingPara
 CONTEXT = [3, 17, 5, 42, 8, 8, 21, 60, 2]
 
 
-@pytest.mark.parametrize("params", [GREEDY, WARM], ids=["greedy", "sampled"])
+def tree_path(tree: GrownTree, j: int) -> list[int]:
+    path = []
+    while j >= 0:
+        path.insert(0, tree.tokens[j])
+        j = tree.parents[j]
+    return path
+
+
 @pytest.mark.parametrize("k", [1, 5, 16])
-def test_head_trees_are_valid_and_score_each_path_as_its_chain(tiny_target, params, k):
+def test_greedy_head_trees_are_valid_and_score_each_path_as_its_chain(tiny_target, k):
     shape = TreeShape(depth=4, branch=3, width=2)
     head = fed(untrained_head(tiny_target).with_tree(shape), tiny_target, CONTEXT)
-    tree = head_trees([head], [CONTEXT], [k], [params])[0]
+    tree = head_trees([head], [CONTEXT], [k], [GREEDY], [None])[0]
     assert_valid(tree, k)
-    assert len(tree.tokens) == min(k, shape.most_nodes)
+    assert len(tree.tokens) == min(k, shape.most_nodes) and tree.q is None
     assert max(len(p) for p in paths(tree)) <= shape.depth
     for j in range(len(tree.tokens)):
-        path, node = [], j
-        while node >= 0:
-            path.insert(0, tree.tokens[node])
-            node = tree.parents[node]
         alone = fed(untrained_head(tiny_target), tiny_target, CONTEXT)
-        assert tree.scores[j] == pytest.approx(chain_scores(alone, CONTEXT, path, params), rel=1e-4)
+        assert tree.scores[j] == pytest.approx(chain_scores(alone, CONTEXT, tree_path(tree, j), GREEDY), rel=1e-4)
 
 
-def test_head_trees_draw_nothing_and_repeat_for_a_seed(tiny_target):
-    drafts = []
-    for _ in range(2):
-        head = fed(untrained_head(tiny_target).with_tree(TreeShape(3, 3, 2)), tiny_target, CONTEXT)
-        generator = torch.Generator().manual_seed(7)
-        before = generator.get_state()
-        drafts.append(head.propose(CONTEXT, 8, WARM, generator))
-        assert torch.equal(generator.get_state(), before) and drafts[-1].q is None
-    assert torch.equal(drafts[0].tokens, drafts[1].tokens) and drafts[0].parents == drafts[1].parents
+@pytest.mark.parametrize("k", [1, 5, 16])
+def test_sampled_head_trees_keep_every_draw_with_the_distribution_it_came_from(tiny_target, k):
+    """Each expanded node has all `branch` of its draws as children (the root min(branch, k)); node j's
+    q row is the head's warped distribution after its parent's path, drafted as a chain; a token that
+    repeats an earlier sibling's is never expanded."""
+    shape = TreeShape(depth=4, branch=3, width=2)
+    head = fed(untrained_head(tiny_target).with_tree(shape), tiny_target, CONTEXT)
+    tree = head_trees([head], [CONTEXT], [k], [WARM], [torch.Generator().manual_seed(3)])[0]
+    check_parents(tree.parents, len(tree.tokens))
+    assert len(tree.tokens) <= k and tree.q.shape == (len(tree.tokens), tiny_target.vocab_size)
+    for parent in set(tree.parents):
+        siblings = [j for j, p in enumerate(tree.parents) if p == parent]
+        assert len(siblings) == (min(shape.branch, k) if parent < 0 else shape.branch)
+        tokens = [tree.tokens[j] for j in siblings]
+        assert all(tree.parents.count(j) == 0 for i, j in enumerate(siblings) if tokens[i] in tokens[:i])
+    for j, token in enumerate(tree.tokens):
+        alone = fed(untrained_head(tiny_target), tiny_target, CONTEXT)
+        expected = chain_distribution(alone, CONTEXT, tree_path(tree, j)[:-1], WARM)
+        torch.testing.assert_close(tree.q[j], expected, rtol=1e-4, atol=1e-6)
+        assert tree.q[j, token] > 0
+        assert tree.scores[j] == pytest.approx(chain_scores(alone, CONTEXT, tree_path(tree, j), WARM), rel=1e-4)
+
+
+@torch.inference_mode()
+def chain_distribution(head, context: list[int], path: list[int], params: SamplingParams) -> torch.Tensor:
+    """The head's warped distribution over the target's vocabulary after drafting `path` as a chain."""
+    _catch_up([head], [context])
+    h = head._last_true
+    for i, token in enumerate(path):
+        h = run_pairs([head], [h[None]], [torch.tensor([token])], [head._num_feats + i])[0]
+    probs = ranking_distribution(linear(h[None], head.lm_sub)[0], params)
+    return probs.new_zeros(head.c.vocab_size).index_copy_(0, head.head.vocab_ids, probs)
+
+
+def test_greedy_head_trees_draw_nothing_and_sampled_ones_repeat_for_a_seed(tiny_target):
+    for params in (GREEDY, WARM):
+        drafts, states = [], []
+        for _ in range(2):
+            head = fed(untrained_head(tiny_target).with_tree(TreeShape(3, 3, 2)), tiny_target, CONTEXT)
+            generator = torch.Generator().manual_seed(7)
+            before = generator.get_state()
+            drafts.append(head.propose(CONTEXT, 8, params, generator))
+            states.append(torch.equal(generator.get_state(), before))
+        assert torch.equal(drafts[0].tokens, drafts[1].tokens) and drafts[0].parents == drafts[1].parents
+        if params.greedy:
+            assert all(states) and drafts[0].q is None
+        else:
+            assert not any(states) and torch.equal(drafts[0].q, drafts[1].q)
 
 
 def kept_round(drafter, target, context: list[int], draft, rng) -> list[int]:
@@ -217,11 +286,13 @@ def test_batched_head_trees_equal_each_alone(tiny_target):
     prototype = untrained_head(tiny_target).with_tree(shape)
     together = [fed(prototype.fork(), tiny_target, c) for c in contexts]
     alone = [fed(prototype.fork(), tiny_target, c) for c in contexts]
-    gens = [torch.Generator() for _ in contexts]
-    batch = propose_all(together, contexts, ks, params, gens)
-    for drafter, draft, c, k, sp, g in zip(alone, batch, contexts, ks, params, gens):
-        one = drafter.propose(c, k, sp, g)
+    batch = propose_all(together, contexts, ks, params, [torch.Generator().manual_seed(i) for i in range(4)])
+    for i, (drafter, draft, c, k, sp) in enumerate(zip(alone, batch, contexts, ks, params)):
+        one = drafter.propose(c, k, sp, torch.Generator().manual_seed(i))
         assert torch.equal(draft.tokens, one.tokens) and draft.parents == one.parents and len(one) <= k
+        assert (draft.q is None) == (one.q is None)
+        if one.q is not None:  # the matrices' last bits may follow the row count (head_batch.py)
+            torch.testing.assert_close(draft.q, one.q, rtol=1e-5, atol=1e-7)
 
 
 def test_a_chain_head_still_drafts_chains(tiny_target):

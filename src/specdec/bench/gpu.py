@@ -48,6 +48,8 @@ def add_flags(p) -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: the cores less the busy ones)")
     p.add_argument("--no-hf-compile", action="store_true", help="skip transformers' static cache + compile row")
     p.add_argument("--batch", default=None, help="batch sizes for the batched engine's table, e.g. 1,4,16,64 (with --cpu: the embedded model)")
+    p.add_argument("--num-prompts", type=int, default=3,
+                   help="prompts for the oracle engine runs of --trees (more narrow the oracle's luck)")
     p.add_argument("--trees", action="store_true",
                    help="draft trees only: tree verify cost and exactness, oracle trees against oracle chains "
                         "(bench/gpu_trees.py)")

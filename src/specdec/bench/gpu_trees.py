@@ -181,7 +181,7 @@ def run_trees(args) -> int:
     c = step_ms(draft, prompt, 1, reps) / one_row
     res.update(one_row_ms=one_row, c=c, target_plain_step_ms=step_ms(target, prompt, 1, reps))
     res["verify"] = section_tree_verify(slots, prompt, one_row, reps)
-    prompts = random_prompts(1 if args.smoke else 3, args.context, target.vocab_size, seed=1)
+    prompts = random_prompts(1 if args.smoke else args.num_prompts, args.context, target.vocab_size, seed=1)
     res["oracle"] = section_tree_oracle(target, slots, draft, prompts, c, one_row, reps, new_tokens)
     res["elapsed_s"] = time.perf_counter() - start
     path = Path(args.out_dir) / ("gpu-trees-smoke.json" if args.smoke else "gpu-trees.json")

@@ -23,7 +23,7 @@ from specdec.drafters.head_loading import load_head_drafter
 from specdec.drafters.eagle3 import is_eagle3_dir, resolve_head_path
 from specdec.drafters.head_batch import head_trees
 from specdec.drafters.lookup import LookupDrafter
-from specdec.drafters.tree_shape import GrownTree, TreeShape, merge_trees
+from specdec.drafters.tree_shape import GrownTree, TreeShape, append_tree, merge_trees
 from specdec.errors import DraftSpecError, ModelLoadError
 from specdec.sampling import SamplingParams
 
@@ -85,14 +85,17 @@ class LookupThenHead(Drafter):
 
     @classmethod
     def _trees(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
-        """Each sequence's lookup trie (when it matched enough) merged with its head's tree (all the
-        heads' trees grown together, head_batch.py) into one tree of at most ks[i] nodes."""
+        """Each sequence's lookup trie (when it matched enough) and its head's tree (all the heads'
+        trees grown together, head_batch.py) as one tree of at most ks[i] nodes: greedy, merged (a
+        path both hold is one path); sampling, the head's drawn tree in the nodes lookup left, every
+        draw kept beside lookup's (append_tree)."""
         found = [d._looked_up_tree(c, k, sp) for d, c, k, sp in zip(drafters, contexts, ks, params)]
         left = [i for i, tree in enumerate(found) if len(tree.tokens) < ks[i]]
-        heads = head_trees([drafters[i].head for i in left], [contexts[i] for i in left], [ks[i] for i in left],
-                           [params[i] for i in left])
+        budgets = [ks[i] if params[i].greedy else ks[i] - len(found[i].tokens) for i in left]
+        heads = head_trees([drafters[i].head for i in left], [contexts[i] for i in left], budgets,
+                           [params[i] for i in left], [generators[i] for i in left])
         for i, tree in zip(left, heads):
-            found[i] = merge_trees(found[i], tree, ks[i])
+            found[i] = merge_trees(found[i], tree, ks[i]) if params[i].greedy else append_tree(found[i], tree)
         return [d.lookup.tree_draft(tree) for d, tree in zip(drafters, found)]
 
     def _looked_up_tree(self, context: list[int], k: int, params: SamplingParams) -> GrownTree:

@@ -30,7 +30,8 @@ from specdec.transfers import pick, token_tensor
 def draft_heads(drafters, contexts, ks, params, generators) -> list[Draft]:
     """drafters[i] (HeadDrafters) drafts up to ks[i] tokens after contexts[i]; those sharing one
     head draft together, the others in groups of their own head. A drafter with a tree shape drafts
-    a tree of at most ks[i] nodes (head_trees), q None: its nodes are chosen by rank."""
+    a tree of at most ks[i] nodes (head_trees): greedy, its nodes chosen by rank (q None); sampling,
+    drawn (q each node's distribution)."""
     out = [empty_draft(d.device) for d in drafters]
     for members in _by_head(drafters, contexts, ks, trees=False):
         drafts = _draft_group([drafters[i] for i in members], [contexts[i] for i in members],
@@ -40,23 +41,25 @@ def draft_heads(drafters, contexts, ks, params, generators) -> list[Draft]:
             out[i] = draft
     growing = [i for i, d in enumerate(drafters) if d.tree is not None]
     trees = head_trees([drafters[i] for i in growing], [contexts[i] for i in growing], [ks[i] for i in growing],
-                       [params[i] for i in growing])
+                       [params[i] for i in growing], [generators[i] for i in growing])
     for i, tree in zip(growing, trees):
         if tree.tokens:
-            out[i] = Draft(token_tensor(list(tree.tokens), drafters[i].device), None, tree.parents)
+            out[i] = Draft(token_tensor(list(tree.tokens), drafters[i].device), tree.q, tree.parents)
     return out
 
 
 @torch.inference_mode()
-def head_trees(drafters, contexts, ks, params) -> list[GrownTree]:
+def head_trees(drafters, contexts, ks, params, generators) -> list[GrownTree]:
     """drafters[i] (HeadDrafters with a tree shape) grows an EAGLE-2 tree of at most ks[i] nodes
-    after contexts[i] (head_tree.py; empty where it cannot draft), with its scores; those sharing
-    one head grow together, one head pass a depth."""
+    after contexts[i] (head_tree.py; empty where it cannot draft), with its scores (and q when
+    sampling, drawn with generators[i]); those sharing one head grow together, one head pass a depth."""
     out = [GrownTree((), (), ()) for _ in drafters]
     for members in _by_head(drafters, contexts, ks, trees=True):
         group = [drafters[i] for i in members]
         _catch_up(group, [contexts[i] for i in members])
-        for i, tree in zip(members, grow_head_trees(group, [ks[i] for i in members], [params[i] for i in members])):
+        grown = grow_head_trees(group, [ks[i] for i in members], [params[i] for i in members],
+                                [generators[i] for i in members])
+        for i, tree in zip(members, grown):
             out[i] = tree
     return out
 

@@ -7,17 +7,21 @@ true pairs (the next free one), and it attends to the true pairs and to its own 
 (a tree mask over the head's own cache). The scratch entries sit where the next round's true pairs
 go, so the next catch-up overwrites them: after a round the head's cache is right with no rollback.
 
-Children are the top-`branch` tokens of each node's distribution over the head's sub-vocabulary
-(greedy: the softmax of its logits; sampling: the warped distribution, rule 3), scored by cumulative
-probability (TreeGrowth); nothing is sampled, so the generators are untouched and q is None.
+Greedy, children are the top-`branch` tokens of each node's softmax over the head's sub-vocabulary,
+scored by cumulative probability (TreeGrowth); nothing is sampled and q is None. Sampling, they are
+`branch` tokens drawn independently from the warped distribution (rule 3) with the sequence's own
+generator, node by node in frontier order, every draw kept (SampledTreeGrowth), and q holds each
+node's distribution: the multi-step rule is exact for i.i.d. children.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from specdec.models.llama_net import rope_tables
-from specdec.drafters.tree_shape import GrownTree, TreeGrowth, ranking_distribution
+from specdec.drafters.tree_shape import GrownTree, SampledTreeGrowth, TreeGrowth, ranking_distribution
 from specdec.errors import InvalidRequestError
 from specdec.models.cpu_matrix import linear
 from specdec.sampling import SamplingParams
@@ -27,11 +31,17 @@ class _Grower:
     """One sequence's tree in the making: its growth, and each expanded node's predicted feature
     [D] (the root's: the head's prediction after the true text) and scratch cache entry."""
 
-    def __init__(self, drafter, k: int, params: SamplingParams):
-        self.drafter, self.params = drafter, params
-        self.growth = TreeGrowth(drafter.tree, k, drafter.min_confidence)
+    def __init__(self, drafter, k: int, params: SamplingParams, generator: torch.Generator | None):
+        self.drafter, self.params, self.generator = drafter, params, generator
+        grows = TreeGrowth if params.greedy else SampledTreeGrowth
+        self.growth = grows(drafter.tree, k, drafter.min_confidence)
         self.feature: dict[int, torch.Tensor] = {-1: drafter._last_true}
         self.entry: dict[int, int] = {}  # node -> index of its key/value in the head cache
+        self.q: list[torch.Tensor] = []  # sampled: node j's distribution [V], in node order
+
+    def result(self) -> GrownTree:
+        tree = self.growth.result()
+        return dataclasses.replace(tree, q=torch.stack(self.q)) if self.q else tree
 
     def rows(self) -> tuple[list[int], list[int]]:
         """The frontier's scratch entries (assigned now) and its positions."""
@@ -50,15 +60,15 @@ class _Grower:
 
 
 @torch.inference_mode()
-def grow_head_trees(drafters, ks, params) -> list[GrownTree]:
+def grow_head_trees(drafters, ks, params, generators) -> list[GrownTree]:
     """drafters[i] (HeadDrafters of one head, each with a tree shape, caught up on the text) grows a
-    tree of at most ks[i] nodes, all in one head pass a depth."""
-    growers = [_Grower(d, k, sp) for d, k, sp in zip(drafters, ks, params)]
+    tree of at most ks[i] nodes, all in one head pass a depth; a sampling one draws with generators[i]."""
+    growers = [_Grower(d, k, sp, g) for d, k, sp, g in zip(drafters, ks, params, generators)]
     _offer_children(growers, [[-1] for _ in growers])
     while True:
         live = [g for g in growers if g.growth.frontier]
         if not live:
-            return [g.growth.result() for g in growers]
+            return [g.result() for g in growers]
         frontiers = [list(g.growth.frontier) for g in live]
         for g, feats in zip(live, _run_frontiers(live)):
             g.feature.update(zip(g.growth.frontier, feats))
@@ -98,20 +108,38 @@ def _run_frontiers(growers: list[_Grower]) -> list[torch.Tensor]:
 
 
 def _offer_children(growers: list[_Grower], frontiers: list[list[int]]) -> None:
-    """Each grower's frontiers[i] nodes (features known) get their top-`branch` children: one
-    logits pass and one host read for all."""
+    """Each grower's frontiers[i] nodes (features known) get their children, top-`branch` or drawn:
+    one logits pass for all, one host read for the ranked and one per sampling grower."""
     first = growers[0].drafter
     hs = torch.stack([g.feature[n] for g, nodes in zip(growers, frontiers) for n in nodes])  # [R, D]
     logits = linear(first.head.readout(hs), first.lm_sub)  # [R, N]
     owners = [g for g, nodes in zip(growers, frontiers) for _ in nodes]
     probs = torch.stack([ranking_distribution(row, g.params) for row, g in zip(logits, owners)])  # [R, N]
     widest = min(max(g.drafter.tree.branch for g in growers), probs.shape[-1])
-    top = torch.topk(probs, widest, dim=-1)
-    values, indices = top.values.tolist(), top.indices.tolist()  # the one host read of this depth
+    ranked = any(g.params.greedy for g in growers)
+    top = torch.topk(probs, widest, dim=-1) if ranked else None
+    values, indices = (top.values.tolist(), top.indices.tolist()) if ranked else ([], [])  # one host read
     vocab = first.vocab_list
     start = 0
     for g, nodes in zip(growers, frontiers):
-        offered = [[(vocab[i], p) for i, p in zip(indices[r], values[r])] for r in range(start, start + len(nodes))]
-        g.growth.grow(offered)
+        rows = range(start, start + len(nodes))
+        if g.params.greedy:
+            g.growth.grow([[(vocab[i], p) for i, p in zip(indices[r], values[r])] for r in rows])
+        else:
+            g.growth.grow(_draw_children(g, probs[start:start + len(nodes)]))
         start += len(nodes)
+
+
+def _draw_children(g: _Grower, probs: torch.Tensor) -> list[list[tuple[int, float]]]:
+    """The children of g's frontier (its rows of probs [F, N]): counts[j] draws from row j with g's
+    generator, with replacement; each child's q row (over the target's vocabulary) noted in node order."""
+    drafter, counts = g.drafter, g.growth.counts
+    offered = []
+    for row, n in zip(probs, counts):
+        drawn = torch.multinomial(row, n, replacement=True, generator=g.generator)
+        chosen = row[drawn].tolist()
+        q = row.new_zeros(drafter.c.vocab_size).index_copy_(0, drafter.head.vocab_ids, row)  # [V]
+        g.q.extend([q] * n)
+        offered.append([(drafter.vocab_list[i], p) for i, p in zip(drawn.tolist(), chosen)])
+    return offered
 

@@ -136,7 +136,7 @@ class LookupDrafter(Drafter):
         return twin
 
     def tree_draft(self, tree: GrownTree) -> Draft:
-        return Draft(token_tensor(list(tree.tokens), self.device), None, tree.parents)
+        return Draft(token_tensor(list(tree.tokens), self.device), tree.q, tree.parents)
 
     def draft_of(self, tokens: list[int]) -> Draft:
         return Draft(token_tensor(tokens, self.device))

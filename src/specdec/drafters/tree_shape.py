@@ -76,11 +76,13 @@ def is_tree_shape(text: str) -> bool:
 class GrownTree:
     """A tree as a drafter hands it over: tokens [n] host ints, parents [n] (-1: the root, else an
     earlier node), scores [n] each node's cumulative draft probability; topological, siblings in
-    descending score."""
+    descending score. q: None when every node was chosen by rank (one-hot, rule 1); else [n, V], the
+    distribution node j was drawn from (a sampled tree, SampledTreeGrowth: siblings in draw order)."""
 
     tokens: tuple[int, ...]
     parents: tuple[int, ...]
     scores: tuple[float, ...]
+    q: torch.Tensor | None = None
 
 
 class TreeGrowth:
@@ -151,6 +153,54 @@ class TreeGrowth:
         return path_rows(self.parents, node)  # over node parents: the root (-1) ends the walk
 
 
+class SampledTreeGrowth(TreeGrowth):
+    """One sequence's sampled tree while it grows: each expanded node's children are `branch` tokens
+    drawn independently from the draft's distribution there (with replacement), all of them kept, so
+    the rule's multi-step test is exact for them at any temperature (tree_rule).
+
+    What the draws decide is only which nodes are expanded later, never which drawn children are
+    kept or in what order they are judged: a node is expanded (its children drawn) when it is among
+    the `width` best new nodes by cumulative draft probability, above min_score, and its `branch`
+    children fit the budget. A child that repeats an earlier sibling's token is not expanded: once
+    the first copy is rejected the residual holds none of that token, so a later copy is always
+    rejected and its subtree never reached.
+    """
+
+    def __init__(self, shape: TreeShape, budget: int, min_score: float = 0.0):
+        super().__init__(shape, budget, min_score)
+        self.counts: list[int] = [min(shape.branch, budget)]  # children to draw for each frontier node
+
+    def grow(self, offered: list[list[tuple[int, float]]]) -> list[int]:
+        """offered[j]: the (token, draft probability) pairs drawn for frontier[j], counts[j] of them,
+        in draw order. Keeps all of them and picks the next frontier; returns the new nodes."""
+        if [len(o) for o in offered] != self.counts:
+            raise ValueError(f"sampled children {[len(o) for o in offered]} drawn, {self.counts} asked for")
+        new, repeats = [], set()
+        for parent, children in zip(self.frontier, offered):
+            seen = set()
+            for token, prob in children:
+                node = self._add(token, parent, self._score(parent) * prob)
+                new.append(node)
+                if token in seen:
+                    repeats.add(node)
+                seen.add(token)
+        self.frontier = self._expandable([n for n in new if n not in repeats])
+        self.counts = [self.shape.branch] * len(self.frontier)
+        return new
+
+    def _expandable(self, new: list[int]) -> list[int]:
+        """The `width` best new nodes whose children fit the budget, unless at full depth."""
+        if not new or self.depths[new[0]] >= self.shape.depth:
+            return []
+        room = (self.budget - len(self.tokens)) // self.shape.branch
+        best = sorted((n for n in new if self.scores[n] >= self.min_score), key=lambda n: (-self.scores[n], n))
+        return best[:min(self.shape.width, room)]
+
+    def result(self) -> GrownTree:
+        """Every drawn node, depth by depth (as drawn: the draws are topological already)."""
+        return GrownTree(tuple(self.tokens), tuple(self.parents), tuple(self.scores))
+
+
 def ranked(scores, depths) -> list[int]:
     """Every node, best score first; on equal scores the shallower first, then the earlier, so with
     scores that never grow from parent to child each node comes after its ancestors (any prefix of
@@ -192,6 +242,21 @@ def merge_trees(first: GrownTree, second: GrownTree, budget: int) -> GrownTree:
             where[n] = at[key]
     depths = node_depths(parents)
     return _renumbered(sorted(range(len(tokens)), key=lambda n: (depths[n], n)), tokens, parents, scores)
+
+
+def append_tree(first: GrownTree, second: GrownTree) -> GrownTree:
+    """second's nodes after first's, as siblings of first's where they share a parent (no merging:
+    second is a sampled tree, whose every draw must stay; first's nodes are one-hot in q)."""
+    if not first.tokens or not second.tokens:
+        return second if first.tokens == () else first
+    if second.q is None:
+        raise ValueError("append_tree appends a sampled tree (q given); merge_trees merges ranked ones")
+    offset = len(first.tokens)
+    vocab = second.q.shape[-1]
+    first_q = torch.nn.functional.one_hot(torch.tensor(first.tokens, device=second.q.device), vocab).to(second.q.dtype)
+    return GrownTree(first.tokens + second.tokens,
+                     first.parents + tuple(p if p < 0 else p + offset for p in second.parents),
+                     first.scores + second.scores, torch.cat([first_q, second.q]))
 
 
 def _renumbered(order: list[int], tokens, parents, scores) -> GrownTree:
