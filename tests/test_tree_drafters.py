@@ -91,9 +91,9 @@ def test_merge_puts_the_first_tree_first_and_shares_common_paths():
 
 def test_sampled_growth_keeps_every_draw_and_spends_the_budget_on_expansions():
     growth = SampledTreeGrowth(TreeShape(depth=3, branch=2, width=2), budget=7)
-    assert growth.counts == [2]
+    assert growth.draws == 2
     growth.grow([[(5, 0.5), (5, 0.5)]])  # a repeated draw is kept, not expanded
-    assert growth.tokens == [5, 5] and growth.frontier == [0] and growth.counts == [2]
+    assert growth.tokens == [5, 5] and growth.frontier == [0] and growth.draws == 2
     growth.grow([[(1, 0.6), (2, 0.1)]])  # scores 0.3, 0.05; room for one more pair: the best
     assert growth.frontier == [2]
     with pytest.raises(ValueError, match="drawn"):
@@ -101,7 +101,7 @@ def test_sampled_growth_keeps_every_draw_and_spends_the_budget_on_expansions():
     growth.grow([[(3, 0.9), (4, 0.1)]])  # depth 3 is the last
     tree = growth.result()
     assert tree.tokens == (5, 5, 1, 2, 3, 4) and tree.parents == (-1, -1, 0, 0, 2, 2)
-    assert SampledTreeGrowth(TreeShape(3, 4, 2), budget=3).counts == [3]  # the root's draws fit the budget
+    assert SampledTreeGrowth(TreeShape(3, 4, 2), budget=3).draws == 3  # the root's draws fit the budget
 
 
 def test_a_sampled_tree_is_appended_whole_beside_lookups_one_hot_branches():

@@ -37,11 +37,11 @@ class _Grower:
         self.growth = grows(drafter.tree, k, drafter.min_confidence)
         self.feature: dict[int, torch.Tensor] = {-1: drafter._last_true}
         self.entry: dict[int, int] = {}  # node -> index of its key/value in the head cache
-        self.q: list[torch.Tensor] = []  # sampled: node j's distribution [V], in node order
+        self.q: list[torch.Tensor] = []  # sampled: each depth's nodes' distributions [n, V], in node order
 
     def result(self) -> GrownTree:
         tree = self.growth.result()
-        return dataclasses.replace(tree, q=torch.stack(self.q)) if self.q else tree
+        return dataclasses.replace(tree, q=torch.cat(self.q)) if self.q else tree
 
     def rows(self) -> tuple[list[int], list[int]]:
         """The frontier's scratch entries (assigned now) and its positions."""
@@ -131,15 +131,14 @@ def _offer_children(growers: list[_Grower], frontiers: list[list[int]]) -> None:
 
 
 def _draw_children(g: _Grower, probs: torch.Tensor) -> list[list[tuple[int, float]]]:
-    """The children of g's frontier (its rows of probs [F, N]): counts[j] draws from row j with g's
-    generator, with replacement; each child's q row (over the target's vocabulary) noted in node order."""
-    drafter, counts = g.drafter, g.growth.counts
-    offered = []
-    for row, n in zip(probs, counts):
-        drawn = torch.multinomial(row, n, replacement=True, generator=g.generator)
-        chosen = row[drawn].tolist()
-        q = row.new_zeros(drafter.c.vocab_size).index_copy_(0, drafter.head.vocab_ids, row)  # [V]
-        g.q.extend([q] * n)
-        offered.append([(drafter.vocab_list[i], p) for i, p in zip(drawn.tolist(), chosen)])
-    return offered
+    """The children of g's frontier (its rows of probs [F, N]): n draws from each row with g's
+    generator, with replacement (one call, one host read); each child's q row (over the target's
+    vocabulary) noted in node order."""
+    drafter, n = g.drafter, g.growth.draws
+    drawn = torch.multinomial(probs, n, replacement=True, generator=g.generator)  # [F, n]
+    picked, chosen = drawn.tolist(), probs.gather(1, drawn).tolist()
+    q = probs.new_zeros(len(probs), drafter.c.vocab_size).index_copy_(1, drafter.head.vocab_ids, probs)  # [F, V]
+    g.q.append(q.repeat_interleave(n, dim=0))
+    vocab = drafter.vocab_list
+    return [[(vocab[i], p) for i, p in zip(row, values)] for row, values in zip(picked, chosen)]
 

@@ -168,13 +168,14 @@ class SampledTreeGrowth(TreeGrowth):
 
     def __init__(self, shape: TreeShape, budget: int, min_score: float = 0.0):
         super().__init__(shape, budget, min_score)
-        self.counts: list[int] = [min(shape.branch, budget)]  # children to draw for each frontier node
+        self.draws = min(shape.branch, budget)  # children to draw for each frontier node
 
     def grow(self, offered: list[list[tuple[int, float]]]) -> list[int]:
-        """offered[j]: the (token, draft probability) pairs drawn for frontier[j], counts[j] of them,
-        in draw order. Keeps all of them and picks the next frontier; returns the new nodes."""
-        if [len(o) for o in offered] != self.counts:
-            raise ValueError(f"sampled children {[len(o) for o in offered]} drawn, {self.counts} asked for")
+        """offered[j]: the (token, draft probability) pairs drawn for frontier[j], `draws` of them, in
+        draw order. Keeps all of them and picks the next frontier; returns the new nodes."""
+        if len(offered) != len(self.frontier) or any(len(o) != self.draws for o in offered):
+            raise ValueError(f"sampled children {[len(o) for o in offered]} drawn, {self.draws} for each of "
+                             f"{len(self.frontier)} nodes asked for")
         new, repeats = [], set()
         for parent, children in zip(self.frontier, offered):
             seen = set()
@@ -185,7 +186,7 @@ class SampledTreeGrowth(TreeGrowth):
                     repeats.add(node)
                 seen.add(token)
         self.frontier = self._expandable([n for n in new if n not in repeats])
-        self.counts = [self.shape.branch] * len(self.frontier)
+        self.draws = self.shape.branch
         return new
 
     def _expandable(self, new: list[int]) -> list[int]:
