@@ -126,3 +126,22 @@ def test_the_grammar_drafts_the_forced_text_that_the_fast_forward_tokens_hold_ba
     assert len(drafted) > len(fast_forward) and drafted[:len(fast_forward)] == fast_forward
     assert tokenizer.decode(drafted) == '{"name":"'
     assert constraint(grammars.ll_tokenizer).grammar_draft(len(fast_forward)) == fast_forward  # the limit holds
+
+
+def test_the_grammars_drafts_leave_the_drafter_its_whole_budget(setup):
+    """Forced tokens are free: after them the drafter may still propose its K, within the room."""
+    from specdec.constraints.rounds import grammar_drafts
+    from specdec.constraints.sequence import SequenceConstraint
+
+    tokenizer, model, grammars = setup
+    spec = ConstraintSpec.json_schema(SCHEMAS[2])
+
+    def constraint():
+        return SequenceConstraint(grammars.matcher(spec), model.config.vocab_size, torch.device("cpu"),
+                                  ll_tokenizer=grammars.ll_tokenizer)
+
+    forced, ks = grammar_drafts([constraint(), None], [4, 4], [4, 4], [50, 50])
+    assert tokenizer.decode(forced[0]) == '{"name":"' and forced[1] == [] and ks == [4, 4]
+    room = len(forced[0]) + 1
+    again, ks = grammar_drafts([constraint()], [4], [4], [room])
+    assert again == forced[:1] and ks == [1]

@@ -33,11 +33,15 @@ def start_constraint(grammars, config: GenerationConfig, vocab: int,
 
 
 def grammar_drafts(constraints: Sequence[SequenceConstraint | None], ks: Sequence[int],
-                   caps: Sequence[int]) -> tuple[list[list[int]], list[int]]:
-    """Per sequence: the grammar's drafts (at most caps[i] tokens, none when unconstrained) and how many
-    its drafter may still propose after them (ks[i] less the grammar's, at least 0)."""
-    forced = [[] if c is None else c.grammar_draft(max(k, cap)) for c, k, cap in zip(constraints, ks, caps)]
-    return forced, [max(0, k - len(f)) for k, f in zip(ks, forced)]
+                   caps: Sequence[int], rooms: Sequence[int]) -> tuple[list[list[int]], list[int]]:
+    """Per sequence: the grammar's drafts (at most max(ks[i], caps[i]) tokens, none when unconstrained)
+    and how many its drafter may propose after them: its whole budget ks[i], within rooms[i] (the drafts
+    the sequence may still verify). The grammar's drafts are free, so they do not take the drafter's
+    budget: they cost no draft pass, and where one token alone is allowed they are always kept."""
+    forced = [[] if c is None else c.grammar_draft(max(k, cap), k, room)
+              for c, k, cap, room in zip(constraints, ks, caps, rooms)]
+    return forced, [k if c is None else max(0, min(k, room - len(f)))
+                    for c, k, f, room in zip(constraints, ks, forced, rooms)]
 
 
 def fit_drafts(constraints: Sequence[SequenceConstraint | None], drafts: Sequence[Draft | None],

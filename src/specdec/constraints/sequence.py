@@ -3,9 +3,10 @@ rollback with the caches.
 
 Between rounds the matcher has consumed exactly the sequence's generated text (the prompt is not
 constrained). A round:
-1. grammar_draft(limit): the tokens the grammar dictates from here (llguidance's fast-forward
-   tokens, then the rest of the forced text tokenized), drafted with one-hot q at no draft cost;
-   the matcher advances along them.
+1. grammar_draft(limit, extra, room): the tokens the grammar dictates from here (llguidance's
+   fast-forward tokens, then the rest of the forced text tokenized), drafted with one-hot q at no
+   draft cost; the matcher advances along them. The round may verify `extra` drafts more (the
+   drafter's budget, within the sequence's room).
 2. fit_draft(draft, generator): the drafter's proposal after them, walked under the grammar
    (masks.settle_draft_row: a one-hot draft is cut where it leaves the grammar, a sampled one
    follows the masked q), then again what the grammar dictates after it, up to the round's limit
@@ -82,11 +83,11 @@ class SequenceConstraint:
         return self._matcher.is_stopped()
 
     @_timed
-    def grammar_draft(self, limit: int) -> list[int]:
-        """Up to limit tokens the grammar alone dictates from here (the round verifies at most limit
-        drafts); the matcher advances along them."""
-        self._limit = limit
+    def grammar_draft(self, limit: int, extra: int = 0, room: int = 0) -> list[int]:
+        """Up to limit tokens the grammar alone dictates from here; the matcher advances along them.
+        The round verifies at most those and `extra` more, `room` in all at most (fit_draft's limit)."""
         self._head = self._forced_run(limit)
+        self._limit = len(self._head) + max(0, min(extra, room - len(self._head)))
         self.grammar_positions = list(range(len(self._head)))
         return self._head
 

@@ -432,7 +432,8 @@ class BatchedEngine:
         plan = self.controller.plan(views, load)
         constraints = [s.constraint for s in decoding]  # the grammar's drafts go first, free (constraints/)
         forced, ks = grammar_drafts(constraints, plan.budgets, [max(0, min(s.config.k, s.remaining - 1))
-                                                                 for s in decoding])
+                                                                 for s in decoding],
+                                    [max(0, s.remaining - 1) for s in decoding])
         drafts = propose_all([s.drafter for s in decoding], [s.context + f for s, f in zip(decoding, forced)], ks,
                              [s.config.sampling for s in decoding], [s.generator for s in decoding])
         drafted_at = time.perf_counter()
