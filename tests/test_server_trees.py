@@ -71,7 +71,8 @@ def check_kept_path(tree: dict, choice: dict, first: int) -> None:
     if first == 0:
         text = choice["delta"]["content"] if "delta" in choice else choice["text"]
         words = [word for word in kept if word not in SPECIALS]  # specials are not part of the text
-        assert text.split()[:len(words)] == words
+        # The token after the path may join the last word without a space (`runs` then `.`).
+        assert " ".join(text.split()).startswith(" ".join(words))
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
