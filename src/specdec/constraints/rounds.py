@@ -40,8 +40,7 @@ def grammar_drafts(constraints: Sequence[SequenceConstraint | None], ks: Sequenc
     budget: they cost no draft pass, and where one token alone is allowed they are always kept."""
     forced = [[] if c is None else c.grammar_draft(max(k, cap), k, room)
               for c, k, cap, room in zip(constraints, ks, caps, rooms)]
-    return forced, [k if c is None else max(0, min(k, room - len(f)))
-                    for c, k, f, room in zip(constraints, ks, forced, rooms)]
+    return forced, [k if c is None else c.drafter_budget for c, k in zip(constraints, ks)]
 
 
 def fit_drafts(constraints: Sequence[SequenceConstraint | None], drafts: Sequence[Draft | None],

@@ -91,6 +91,12 @@ class SequenceConstraint:
         self.grammar_positions = list(range(len(self._head)))
         return self._head
 
+    @property
+    def drafter_budget(self) -> int:
+        """How many drafts the drafter may propose after the round's grammar drafts (grammar_draft's
+        `extra`, within its room)."""
+        return self._limit - len(self._head)
+
     def grammar_counts(self, num_accepted: int) -> tuple[int, int]:
         """The round's grammar drafts, and how many of them the verdict kept."""
         return len(self.grammar_positions), sum(j < num_accepted for j in self.grammar_positions)
