@@ -393,6 +393,12 @@ class HeadDrafter(Drafter):
         clone.name = f"tree:{shape}:{self.name}"
         return clone
 
+    def target_q(self, q_sub: torch.Tensor) -> torch.Tensor:
+        """The head's distribution over its drafted ids, q_sub [..., N], as a q over the target's
+        vocabulary [..., V] (zero outside the drafted ids): the q the rule reads."""
+        q = q_sub.new_zeros(*q_sub.shape[:-1], self.c.vocab_size)
+        return q.index_copy_(q.dim() - 1, self.head.vocab_ids, q_sub)
+
     def ready_for(self, context: list[int], k: int) -> bool:
         """Whether it can draft after context: it has the target's features of this very text."""
         n = self._num_feats

@@ -162,7 +162,7 @@ def _choose(drafter, hs: list[torch.Tensor], min_confidence: list[float], params
             continue
         # Warping the N sub-vocabulary logits equals warping all V with -inf outside them (cheaper).
         q_sub = warp_logits(row, sp)  # [N]
-        q = q_sub.new_zeros(drafter.c.vocab_size).index_copy_(0, vocab_ids, q_sub)  # [V]: the q drawn from
+        q = drafter.target_q(q_sub)  # [V]: the q drawn from
         index = sample(q_sub, generator)
         confidence = float(q_sub[index]) if min_confidence[j] > 0.0 else 1.0
         out.append((pick(vocab_ids, index), q, confidence))

@@ -137,8 +137,7 @@ def _draw_children(g: _Grower, probs: torch.Tensor) -> list[list[tuple[int, floa
     drafter, n = g.drafter, g.growth.draws
     drawn = torch.multinomial(probs, n, replacement=True, generator=g.generator)  # [F, n]
     picked, chosen = drawn.tolist(), probs.gather(1, drawn).tolist()
-    q = probs.new_zeros(len(probs), drafter.c.vocab_size).index_copy_(1, drafter.head.vocab_ids, probs)  # [F, V]
-    g.q.append(q.repeat_interleave(n, dim=0))
+    g.q.append(drafter.target_q(probs).repeat_interleave(n, dim=0))  # [F * n, V]
     vocab = drafter.vocab_list
     return [[(vocab[i], p) for i, p in zip(row, values)] for row, values in zip(picked, chosen)]
 
