@@ -56,3 +56,17 @@ def test_tiny_temperature_is_greedy_not_nan():
     logits = torch.tensor([1.0, 3.0, 2.0])
     probs = warp_logits(logits, SamplingParams(temperature=5e-324))
     assert torch.equal(probs, torch.tensor([0.0, 1.0, 0.0]))
+
+
+def test_a_draw_follows_the_weights_of_its_row_and_never_takes_a_zero_weight():
+    from scipy.stats import chisquare
+
+    weights = torch.tensor([[0.0, 2.0, 0.0, 5.0, 3.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]])  # not normalised
+    rows = weights.repeat(20000, 1)
+    drawn = sample(rows, torch.Generator().manual_seed(0)).reshape(20000, 2)
+    for j in range(2):
+        counts = torch.bincount(drawn[:, j], minlength=6)
+        assert counts[weights[j] == 0].sum() == 0
+        live = weights[j] > 0
+        expected = (weights[j][live] / weights[j].sum() * 20000).tolist()
+        assert chisquare(counts[live].tolist(), expected).pvalue > 1e-3
