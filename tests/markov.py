@@ -13,7 +13,7 @@ import torch
 from specdec.drafters.base import Draft, Drafter
 from specdec.models.base import CausalLM
 from specdec.models.slots import RaggedOutput, SlotModel
-from specdec.sampling import warp_logits
+from specdec.sampling import sample_distinct, warp_logits
 from specdec.models.tree_rows import refuse_trees
 
 
@@ -95,14 +95,16 @@ class MarkovSlots(SlotModel):
 class MarkovTreeDrafter(Drafter):
     """Drafts a tree from another order-2 table: `width` children a node, `depth` levels, at most k
     nodes (breadth first). sampled: children drawn i.i.d. from the warped q (with replacement, q rows
-    given); else the top-`width` tokens of q, most probable first (q None)."""
+    given), or with distinct=True without replacement as the head draws them (sampling.sample_distinct,
+    each child's q the row less its earlier siblings); else the top-`width` tokens of q, most
+    probable first (q None)."""
 
-    def __init__(self, lm: MarkovLM, width: int = 2, depth: int = 3, sampled: bool = False):
-        self.lm, self.width, self.depth, self.sampled = lm, width, depth, sampled
+    def __init__(self, lm: MarkovLM, width: int = 2, depth: int = 3, sampled: bool = False, distinct: bool = False):
+        self.lm, self.width, self.depth, self.sampled, self.distinct = lm, width, depth, sampled or distinct, distinct
         self.name = "markov-tree"
 
     def fork(self) -> "MarkovTreeDrafter":
-        return MarkovTreeDrafter(self.lm, self.width, self.depth, self.sampled)
+        return MarkovTreeDrafter(self.lm, self.width, self.depth, self.sampled, self.distinct)
 
     def propose(self, context, k, params, generator) -> Draft:
         tokens, parents, rows = [], [], []
@@ -111,14 +113,19 @@ class MarkovTreeDrafter(Drafter):
             nxt = []
             for node, prev2, last in frontier:
                 q = warp_logits(self.lm.table[prev2, last], params)
-                kids = (torch.multinomial(q, self.width, replacement=True, generator=generator) if self.sampled
-                        else q.topk(self.width).indices).tolist()
-                for t in kids:
+                if self.distinct:
+                    picks, live, conditionals = sample_distinct(q[None], self.width, generator)
+                    kids, qs = picks[live].tolist(), list(conditionals[live])
+                else:
+                    kids = (torch.multinomial(q, self.width, replacement=True, generator=generator) if self.sampled
+                            else q.topk(self.width).indices).tolist()
+                    qs = [q] * len(kids)
+                for t, q_t in zip(kids, qs):
                     if len(tokens) == k:
                         break
                     tokens.append(t)
                     parents.append(node)
-                    rows.append(q)
+                    rows.append(q_t)
                     nxt.append((len(tokens) - 1, last, t))
             frontier = nxt
         q_rows = torch.stack(rows) if self.sampled and rows else None

@@ -92,15 +92,17 @@ def test_merge_puts_the_first_tree_first_and_shares_common_paths():
 def test_sampled_growth_keeps_every_draw_and_spends_the_budget_on_expansions():
     growth = SampledTreeGrowth(TreeShape(depth=3, branch=2, width=2), budget=7)
     assert growth.draws == 2
-    growth.grow([[(5, 0.5), (5, 0.5)]])  # a repeated draw is kept, not expanded
-    assert growth.tokens == [5, 5] and growth.frontier == [0] and growth.draws == 2
-    growth.grow([[(1, 0.6), (2, 0.1)]])  # scores 0.3, 0.05; room for one more pair: the best
-    assert growth.frontier == [2]
+    growth.grow([[(5, 0.9)]])  # a distribution with one token gives one child
+    assert growth.tokens == [5] and growth.frontier == [0] and growth.draws == 2
+    growth.grow([[(1, 0.6), (2, 0.1)]])  # scores 0.54, 0.09; room for two more pairs, both expanded
+    assert growth.frontier == [1, 2]
     with pytest.raises(ValueError, match="drawn"):
-        growth.grow([[(3, 0.5)]])  # every child asked for must be offered
-    growth.grow([[(3, 0.9), (4, 0.1)]])  # depth 3 is the last
+        growth.grow([[(3, 0.5)], []])  # every expanded node gets a child
+    with pytest.raises(ValueError, match="distinct"):
+        growth.grow([[(3, 0.5), (3, 0.5)], [(4, 0.5)]])  # drawn without replacement
+    growth.grow([[(3, 0.9), (4, 0.1)], [(6, 1.0)]])  # depth 3 is the last
     tree = growth.result()
-    assert tree.tokens == (5, 5, 1, 2, 3, 4) and tree.parents == (-1, -1, 0, 0, 2, 2)
+    assert tree.tokens == (5, 1, 2, 3, 4, 6) and tree.parents == (-1, 0, 0, 1, 1, 2)
     assert SampledTreeGrowth(TreeShape(3, 4, 2), budget=3).draws == 3  # the root's draws fit the budget
 
 
@@ -197,9 +199,9 @@ def test_greedy_head_trees_are_valid_and_score_each_path_as_its_chain(tiny_targe
 
 @pytest.mark.parametrize("k", [1, 5, 16])
 def test_sampled_head_trees_keep_every_draw_with_the_distribution_it_came_from(tiny_target, k):
-    """Each expanded node has all `branch` of its draws as children (the root min(branch, k)); node j's
-    q row is the head's warped distribution after its parent's path, drafted as a chain; a token that
-    repeats an earlier sibling's is never expanded."""
+    """Each expanded node has `branch` distinct children (the root min(branch, k)), fewer only where its
+    distribution has fewer tokens; node j's q row is the head's warped distribution after its parent's
+    path, drafted as a chain, less its earlier siblings' tokens and renormalised."""
     shape = TreeShape(depth=4, branch=3, width=2)
     head = fed(untrained_head(tiny_target).with_tree(shape), tiny_target, CONTEXT)
     tree = head_trees([head], [CONTEXT], [k], [WARM], [torch.Generator().manual_seed(3)])[0]
@@ -207,13 +209,16 @@ def test_sampled_head_trees_keep_every_draw_with_the_distribution_it_came_from(t
     assert len(tree.tokens) <= k and tree.q.shape == (len(tree.tokens), tiny_target.vocab_size)
     for parent in set(tree.parents):
         siblings = [j for j, p in enumerate(tree.parents) if p == parent]
-        assert len(siblings) == (min(shape.branch, k) if parent < 0 else shape.branch)
-        tokens = [tree.tokens[j] for j in siblings]
-        assert all(tree.parents.count(j) == 0 for i, j in enumerate(siblings) if tokens[i] in tokens[:i])
+        alone = fed(untrained_head(tiny_target), tiny_target, CONTEXT)
+        support = int((chain_distribution(alone, CONTEXT, tree_path(tree, siblings[0])[:-1], WARM) > 0).sum())
+        assert len(siblings) == min(shape.branch if parent >= 0 else min(shape.branch, k), support)
+        assert len({tree.tokens[j] for j in siblings}) == len(siblings)
     for j, token in enumerate(tree.tokens):
         alone = fed(untrained_head(tiny_target), tiny_target, CONTEXT)
-        expected = chain_distribution(alone, CONTEXT, tree_path(tree, j)[:-1], WARM)
-        torch.testing.assert_close(tree.q[j], expected, rtol=1e-4, atol=1e-6)
+        expected = chain_distribution(alone, CONTEXT, tree_path(tree, j)[:-1], WARM).clone()
+        before = [i for i in range(j) if tree.parents[i] == tree.parents[j]]
+        expected[[tree.tokens[i] for i in before]] = 0.0
+        torch.testing.assert_close(tree.q[j], expected / expected.sum(), rtol=1e-4, atol=1e-6)
         assert tree.q[j, token] > 0
         assert tree.scores[j] == pytest.approx(chain_scores(alone, CONTEXT, tree_path(tree, j), WARM), rel=1e-4)
 

@@ -59,10 +59,11 @@ def sampled_counts(drafter: MarkovTreeDrafter, target: MarkovLM, k: int = 6) -> 
     return counts
 
 
-@pytest.mark.parametrize("sampled", [False, True])
-def test_sampled_output_follows_the_target(sampled):
+@pytest.mark.parametrize("sampled,distinct", [(False, False), (True, False), (True, True)])
+def test_sampled_output_follows_the_target(sampled, distinct):
+    """Top-token children, children drawn with replacement, and children drawn without (as the head's)."""
     target, draft = pair()
-    counts = sampled_counts(MarkovTreeDrafter(draft, width=2, depth=2, sampled=sampled), target)
+    counts = sampled_counts(MarkovTreeDrafter(draft, width=2, depth=2, sampled=sampled, distinct=distinct), target)
     assert goodness_of_fit(counts, exact_joint(target, HOT)) > 1e-3
 
 

@@ -11,6 +11,7 @@ import torch
 from scipy.stats import chisquare
 
 from specdec.faults import inject
+from specdec.sampling import sample_distinct
 from specdec.tree_rule import TreeVerdict, settle_tree, walk
 from specdec.trees import children_of
 
@@ -38,16 +39,23 @@ def top_tree(q: torch.Tensor, widths=(3, 2)) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
-def sampled_tree(q: torch.Tensor, g: torch.Generator, widths=(3, 2)):
+def sampled_tree(q: torch.Tensor, g: torch.Generator, widths=(3, 2), distinct: bool = False):
     """(tokens, parents, q rows): widths[0] draws after ROOT from Q[ROOT], each with widths[1] draws from
-    Q[its token], all with replacement; each node's q row is the distribution it was drawn from."""
-    first = torch.multinomial(q[ROOT], widths[0], replacement=True, generator=g).tolist()
-    tokens, parents, rows = list(first), [-1] * len(first), [q[ROOT]] * len(first)
+    Q[its token], with replacement, or without (distinct, as the head draws: sampling.sample_distinct);
+    each node's q row is the distribution it was drawn from."""
+    def draw(row: torch.Tensor, n: int) -> tuple[list[int], list[torch.Tensor]]:
+        if not distinct:
+            return torch.multinomial(row, n, replacement=True, generator=g).tolist(), [row] * n
+        picks, live, conditionals = sample_distinct(row[None], n, g)
+        return picks[live].tolist(), list(conditionals[live])
+
+    first, rows = draw(q[ROOT], widths[0])
+    tokens, parents = list(first), [-1] * len(first)
     for i, t in enumerate(first):
-        kids = torch.multinomial(q[t], widths[1], replacement=True, generator=g).tolist()
+        kids, kid_rows = draw(q[t], widths[1])
         tokens += kids
         parents += [i] * len(kids)
-        rows += [q[t]] * len(kids)
+        rows += kid_rows
     return tokens, parents, torch.stack(rows)
 
 
@@ -76,12 +84,12 @@ def deterministic_pairs(seed: int) -> tuple[torch.Tensor, list]:
     return p, [first_two(p, tokens, parents, None, g) for _ in range(TRIALS)]
 
 
-def sampled_pairs(seed: int) -> tuple[torch.Tensor, list]:
+def sampled_pairs(seed: int, distinct: bool = False) -> tuple[torch.Tensor, list]:
     p, q = chains(seed)
     g = torch.Generator().manual_seed(seed)
     pairs = []
     for _ in range(TRIALS):
-        tokens, parents, rows = sampled_tree(q, g)
+        tokens, parents, rows = sampled_tree(q, g, distinct=distinct)
         pairs.append(first_two(p, tokens, parents, rows, g))
     return p, pairs
 
@@ -91,9 +99,10 @@ def test_deterministic_siblings_follow_p(seed):
     assert joint_pvalue(*deterministic_pairs(seed)) > 1e-3
 
 
+@pytest.mark.parametrize("distinct", [False, True])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_sampled_siblings_follow_p(seed):
-    assert joint_pvalue(*sampled_pairs(seed)) > 1e-3
+def test_sampled_siblings_follow_p(seed, distinct):
+    assert joint_pvalue(*sampled_pairs(seed, distinct)) > 1e-3
 
 
 @pytest.mark.parametrize("fault", ["tree-no-sibling-residual", "tree-recover-from-p"])
@@ -106,6 +115,12 @@ def test_faults_of_deterministic_siblings_are_caught(fault):
 def test_faults_of_sampled_siblings_are_caught(fault):
     with inject(fault):
         assert joint_pvalue(*sampled_pairs(0)) < 1e-4
+
+
+@pytest.mark.parametrize("fault", ["tree-no-sibling-residual", "tree-siblings-unconditioned-q"])
+def test_faults_of_siblings_drawn_without_replacement_are_caught(fault):
+    with inject(fault):
+        assert joint_pvalue(*sampled_pairs(0, distinct=True)) < 1e-4
 
 
 def test_greedy_follows_the_targets_argmax_down_the_tree():

@@ -19,6 +19,8 @@ exactness benchmark) can prove its checks would catch the bug. No user-facing op
                    after a rejected sibling).
 - tree-recover-from-p: in a tree, draw the token after a row's rejected children from its p again.
 - tree-parent-q:   in a tree, take a sampled node's q as its parent's row (the distribution one level up).
+- tree-siblings-unconditioned-q: draw a node's children without replacement but judge each with the
+                   node's whole distribution, not the one left after its earlier siblings were removed.
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ def _tree_parent_q():
     return mock.patch("specdec.tree_rule.q_row_of", lambda parents: [p if p >= 0 else j for j, p in enumerate(parents)])
 
 
+def _tree_siblings_unconditioned_q():
+    return mock.patch("specdec.sampling.sibling_conditionals",
+                      lambda probs, picks: probs.unsqueeze(1).expand(-1, picks.shape[1], -1))
+
+
 FAULTS = {
     "resample-from-p": _resample_from_p,
     "skip-rollback": _skip_rollback,
@@ -84,6 +91,7 @@ FAULTS = {
     "tree-no-sibling-residual": _tree_no_sibling_residual,
     "tree-recover-from-p": _tree_recover_from_p,
     "tree-parent-q": _tree_parent_q,
+    "tree-siblings-unconditioned-q": _tree_siblings_unconditioned_q,
 }
 
 

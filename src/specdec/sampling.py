@@ -176,3 +176,26 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     else:
         drawn = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
     return drawn.reshape(probs.shape[:-1])
+
+
+def sample_distinct(probs: torch.Tensor, n: int, generator: torch.Generator | None = None):
+    """Up to n distinct tokens from each row of probs [F, N] without replacement, by successive sampling
+    (Gumbel keys, the largest first: the i-th token is a draw from the row with the earlier ones
+    removed). Returns (tokens [F, n], live [F, n] bool: False past a row's nonzero tokens,
+    conditionals [F, n, N]: the distribution token i was drawn from)."""
+    n = min(n, probs.shape[-1])
+    noise = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(min=1e-20)
+    keys = probs.log() - (-noise.log()).log()  # log p + Gumbel; a zero p is -inf, never live
+    top = torch.topk(keys, n, dim=-1)
+    return top.indices, top.values.isfinite(), sibling_conditionals(probs, top.indices)
+
+
+def sibling_conditionals(probs: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
+    """probs [F, N], picks [F, n] drawn in order without replacement -> [F, n, N]: row f with
+    picks[f, :i] removed and renormalised, the distribution pick i was drawn from (the q that the
+    multi-step rule must read for it)."""
+    rows = probs.unsqueeze(1).repeat(1, picks.shape[1], 1)  # [F, n, N]
+    for i in range(1, picks.shape[1]):
+        rows[:, i:].scatter_(2, picks[:, i - 1].view(-1, 1, 1).expand(-1, picks.shape[1] - i, 1), 0.0)
+    return rows / rows.sum(-1, keepdim=True).clamp_(min=torch.finfo(rows.dtype).tiny)
+

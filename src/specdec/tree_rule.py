@@ -9,8 +9,10 @@ token is drawn from r (recovered); at a row without children, from its p (bonus)
 
 - A child chosen deterministically (top-k, lookup; Draft.q None) has q_c one-hot on x: it is kept with
   probability r(x), and a rejection removes x's mass from r.
-- Children drawn independently from one q (with replacement) each carry that q as their row: the
-  multi-step rule, exact for i.i.d. draws.
+- Children drawn one after another each carry the distribution they were drawn from as their row:
+  the same q for i.i.d. draws (with replacement), or q less the earlier siblings' tokens, renormalised,
+  for draws without replacement (the head's). Each child's test is then a speculative step from r with
+  the child's own proposal, so the multi-step rule is exact for either.
 - Greedy (temperature 0): follow the child equal to the target's argmax; the argmax where none is.
 
 Each emitted token then follows p exactly. A chain is the tree with one child a row, and the rule is

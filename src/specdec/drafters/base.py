@@ -20,8 +20,8 @@ class Draft:
     tokens: [k] long, on the target's device (k may be smaller than asked, even 0).
     q: [k, V] fp32 probabilities the draft actually sampled from, or None when every token was
        chosen deterministically (argmax, top-k, lookup): then q is one-hot on the token (rule 1).
-       With q given, node j was drawn from q[j]; siblings drawn independently from one distribution
-       (with replacement) carry equal rows.
+       With q given, node j was drawn from q[j] given its earlier siblings: equal rows for siblings
+       drawn with replacement, each the one before less its token for siblings drawn without.
     parents: [k] host ints, node j's parent: -1 for the root (the text's newest token), else an
        earlier node (parents[j] < j, so a parent comes before its children). None: a chain, node j's
        parent is node j - 1. Siblings are judged in node order (tree_rule).

@@ -9,9 +9,10 @@ go, so the next catch-up overwrites them: after a round the head's cache is righ
 
 Greedy, children are the top-`branch` tokens of each node's softmax over the head's sub-vocabulary,
 scored by cumulative probability (TreeGrowth); nothing is sampled and q is None. Sampling, they are
-`branch` tokens drawn independently from the warped distribution (rule 3) with the sequence's own
-generator, node by node in frontier order, every draw kept (SampledTreeGrowth), and q holds each
-node's distribution: the multi-step rule is exact for i.i.d. children.
+up to `branch` distinct tokens drawn without replacement from the warped distribution (rule 3) with the
+sequence's own generator, every draw kept (SampledTreeGrowth), and q holds the distribution each child
+was drawn from (the node's, less its earlier siblings): the multi-step rule is exact for such children,
+and none of them repeats a sibling, which a rejected sibling's residual would always reject.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from specdec.models.llama_net import rope_tables
 from specdec.drafters.tree_shape import GrownTree, SampledTreeGrowth, TreeGrowth, ranking_distribution
 from specdec.errors import InvalidRequestError
 from specdec.models.cpu_matrix import linear
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, sample_distinct
 
 
 class _Grower:
@@ -131,13 +132,13 @@ def _offer_children(growers: list[_Grower], frontiers: list[list[int]]) -> None:
 
 
 def _draw_children(g: _Grower, probs: torch.Tensor) -> list[list[tuple[int, float]]]:
-    """The children of g's frontier (its rows of probs [F, N]): n draws from each row with g's
-    generator, with replacement (one call, one host read); each child's q row (over the target's
-    vocabulary) noted in node order."""
-    drafter, n = g.drafter, g.growth.draws
-    drawn = torch.multinomial(probs, n, replacement=True, generator=g.generator)  # [F, n]
-    picked, chosen = drawn.tolist(), probs.gather(1, drawn).tolist()
-    g.q.append(drafter.target_q(probs).repeat_interleave(n, dim=0))  # [F * n, V]
+    """The children of g's frontier (its rows of probs [F, N]): up to `draws` distinct tokens from each
+    row with g's generator, without replacement (sampling.sample_distinct; fewer where a row has fewer
+    tokens). Child i's q row (over the target's vocabulary) is the distribution it was drawn from, the
+    row less its earlier siblings, noted in node order; its score uses the row's own probability of it."""
+    drafter = g.drafter
+    picks, live, conditionals = sample_distinct(probs, g.growth.draws, g.generator)
+    g.q.append(drafter.target_q(conditionals[live]))  # [live children, V]
+    rows = zip(picks.tolist(), probs.gather(1, picks).tolist(), live.tolist())
     vocab = drafter.vocab_list
-    return [[(vocab[i], p) for i, p in zip(row, values)] for row, values in zip(picked, chosen)]
-
+    return [[(vocab[i], p) for i, p, ok in zip(*row) if ok] for row in rows]

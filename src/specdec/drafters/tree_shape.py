@@ -154,38 +154,33 @@ class TreeGrowth:
 
 
 class SampledTreeGrowth(TreeGrowth):
-    """One sequence's sampled tree while it grows: each expanded node's children are `branch` tokens
-    drawn independently from the draft's distribution there (with replacement), all of them kept, so
-    the rule's multi-step test is exact for them at any temperature (tree_rule).
+    """One sequence's sampled tree while it grows: each expanded node's children are up to `branch`
+    distinct tokens drawn from the draft's distribution there without replacement (each from what the
+    earlier ones left), all of them kept, so the rule's multi-step test is exact for them at any
+    temperature (tree_rule), each judged with the distribution it was drawn from.
 
     What the draws decide is only which nodes are expanded later, never which drawn children are
     kept or in what order they are judged: a node is expanded (its children drawn) when it is among
     the `width` best new nodes by cumulative draft probability, above min_score, and its `branch`
-    children fit the budget. A child that repeats an earlier sibling's token is not expanded: once
-    the first copy is rejected the residual holds none of that token, so a later copy is always
-    rejected and its subtree never reached.
+    children fit the budget.
     """
 
     def __init__(self, shape: TreeShape, budget: int, min_score: float = 0.0):
         super().__init__(shape, budget, min_score)
-        self.draws = min(shape.branch, budget)  # children to draw for each frontier node
+        self.draws = min(shape.branch, budget)  # children to draw for each frontier node, at most
 
     def grow(self, offered: list[list[tuple[int, float]]]) -> list[int]:
-        """offered[j]: the (token, draft probability) pairs drawn for frontier[j], `draws` of them, in
-        draw order. Keeps all of them and picks the next frontier; returns the new nodes."""
-        if len(offered) != len(self.frontier) or any(len(o) != self.draws for o in offered):
-            raise ValueError(f"sampled children {[len(o) for o in offered]} drawn, {self.draws} for each of "
-                             f"{len(self.frontier)} nodes asked for")
-        new, repeats = [], set()
-        for parent, children in zip(self.frontier, offered):
-            seen = set()
-            for token, prob in children:
-                node = self._add(token, parent, self._score(parent) * prob)
-                new.append(node)
-                if token in seen:
-                    repeats.add(node)
-                seen.add(token)
-        self.frontier = self._expandable([n for n in new if n not in repeats])
+        """offered[j]: the (token, draft probability) pairs drawn for frontier[j], 1 to `draws` distinct
+        tokens (fewer where the distribution has fewer), in draw order. Keeps all of them and picks the
+        next frontier; returns the new nodes."""
+        if len(offered) != len(self.frontier) or any(not 0 < len(o) <= self.draws for o in offered):
+            raise ValueError(f"sampled children {[len(o) for o in offered]} drawn, 1 to {self.draws} for each "
+                             f"of {len(self.frontier)} nodes asked for")
+        if any(len({token for token, _ in o}) != len(o) for o in offered):
+            raise ValueError("sampled children are drawn without replacement: a node's tokens are distinct")
+        new = [self._add(token, parent, self._score(parent) * prob)
+               for parent, children in zip(self.frontier, offered) for token, prob in children]
+        self.frontier = self._expandable(new)
         self.draws = self.shape.branch
         return new
 
