@@ -10,7 +10,7 @@ exactness benchmark) can prove its checks would catch the bug. No user-facing op
                    target unmapped, the target's to it (a draft of a smaller vocabulary fails loudly).
 - intersection-unnormalised-q: draft among the shared tokens of two vocabularies but pass the draft's
                    q restricted to them without renormalising it (the draft still samples the
-                   renormalised one: torch.multinomial normalises).
+                   renormalised one: sampling.sample normalises).
 - constraint-unmasked-q: under a grammar, mask p but not q: cut a sampled draft where it leaves the
                    grammar and verify the rest against the draft's unmasked q.
 - skip-matcher-rollback: never roll a sequence's grammar matcher back after a round, so it keeps the

@@ -139,6 +139,6 @@ def _draw_children(g: _Grower, probs: torch.Tensor) -> list[list[tuple[int, floa
     drafter = g.drafter
     picks, live, conditionals = sample_distinct(probs, g.growth.draws, g.generator)
     g.q.append(drafter.target_q(conditionals[live]))  # [live children, V]
-    rows = zip(picks.tolist(), probs.gather(1, picks).tolist(), live.tolist())
+    rows = zip(picks.tolist(), probs.gather(1, picks).tolist())  # two host reads: a pick is live iff p > 0
     vocab = drafter.vocab_list
-    return [[(vocab[i], p) for i, p, ok in zip(*row) if ok] for row in rows]
+    return [[(vocab[i], p) for i, p in zip(*row) if p > 0] for row in rows]
